@@ -1,0 +1,224 @@
+"""The local executor: a pool of worker processes with crash, hang and memory
+isolation.
+
+A segfault in one op must not end a sweep (a public out-of-tree backend lost a
+whole op_db run at 93% that way). Each case runs in a long-lived worker; when
+the worker dies, exceeds the per-case timeout or grows past the RSS cap, that
+case is marked ``crash`` or ``timeout`` with its evidence, the worker is
+replaced and the run goes on. The replacement worker also writes the dead
+case's reproducer, since the dead one cannot.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Iterable, Iterator
+
+from .case import Case
+from .outcome import Outcome, Status
+from .settings import RunSettings
+from .worker import worker_main
+
+POLL_S = 0.25
+WORKER_START_TIMEOUT_S = 180.0
+
+
+class ExecutorError(RuntimeError):
+    """The executor itself cannot run (e.g. workers fail to start)."""
+
+
+def _signal_name(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return signal.Signals(-exitcode).name
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+@dataclass
+class _Worker:
+    process: mp.Process
+    conn: Connection
+    ready: bool = False
+    case: Case | None = None
+    started: float = 0.0
+    spawned: float = field(default_factory=time.monotonic)
+    pending_repro: list = field(default_factory=list)
+
+
+class LocalPool:
+    """Runs cases on ``jobs`` worker processes and yields Outcomes as they finish."""
+
+    def __init__(self, settings: RunSettings, jobs: int = 1) -> None:
+        if jobs < 1:
+            raise ValueError(f"jobs={jobs!r} (type=int): must be >= 1")
+        self.settings = settings
+        self.jobs = jobs
+        self._ctx = mp.get_context("spawn")
+        self._workers: list[_Worker] = []
+
+    # ---------------------------------------------------------------- workers
+    def _spawn(self) -> _Worker:
+        parent, child = self._ctx.Pipe()
+        process = self._ctx.Process(target=worker_main, args=(child, self.settings), daemon=True)
+        process.start()
+        child.close()
+        return _Worker(process=process, conn=parent)
+
+    def _kill(self, worker: _Worker) -> None:
+        if worker.process.is_alive():
+            worker.process.kill()
+        worker.process.join(timeout=10)
+        worker.conn.close()
+
+    def close(self) -> None:
+        for w in self._workers:
+            try:
+                if w.process.is_alive() and w.case is None:
+                    w.conn.send(None)
+                    w.process.join(timeout=5)
+            except (OSError, BrokenPipeError):
+                pass
+            self._kill(w)
+        self._workers = []
+
+    def __enter__(self) -> "LocalPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _rss_mb(self, worker: _Worker) -> float:
+        try:
+            import psutil
+
+            return psutil.Process(worker.process.pid).memory_info().rss / 2**20
+        except Exception:  # noqa: BLE001 - the process may be gone
+            return 0.0
+
+    # ---------------------------------------------------------------- run
+    def run(self, cases: Iterable[Case]) -> Iterator[Outcome]:
+        queue: deque[Case] = deque(cases)
+        if not queue:
+            return
+        self._workers = [self._spawn() for _ in range(min(self.jobs, len(queue)))]
+        try:
+            yield from self._loop(queue)
+        finally:
+            self.close()
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        self._kill(worker)
+        fresh = self._spawn()
+        self._workers[self._workers.index(worker)] = fresh
+        return fresh
+
+    def _loop(self, queue: deque[Case]) -> Iterator[Outcome]:
+        repro_queue: deque[tuple[Case, Outcome]] = deque()
+        waiting_repro: dict[int, tuple[Case, Outcome]] = {}
+        while queue or any(w.case is not None for w in self._workers) or waiting_repro or repro_queue:
+            # Hand out work to idle, ready workers: reproducers of dead cases first.
+            for w in self._workers:
+                if not w.ready or w.case is not None or id(w) in waiting_repro:
+                    continue
+                if repro_queue:
+                    case, outcome = repro_queue.popleft()
+                    w.conn.send(("repro", case.to_dict(), outcome.to_dict()))
+                    waiting_repro[id(w)] = (case, outcome)
+                    w.started = time.monotonic()
+                elif queue:
+                    w.case = queue.popleft()
+                    w.started = time.monotonic()
+                    w.conn.send(("run", w.case.to_dict()))
+            conns = [w.conn for w in self._workers] + [w.process.sentinel for w in self._workers]
+            ready = wait(conns, timeout=POLL_S)
+            now = time.monotonic()
+            for w in list(self._workers):
+                if w.conn in ready:
+                    try:
+                        message = w.conn.recv()
+                    except (EOFError, OSError):
+                        message = None
+                    if message is not None:
+                        verb = message[0]
+                        if verb == "ready":
+                            w.ready = True
+                        elif verb == "fatal":
+                            raise ExecutorError(f"worker failed to start: {message[1]}")
+                        elif verb == "done":
+                            outcome = Outcome.from_dict(message[1])
+                            w.case = None
+                            yield outcome
+                        elif verb == "repro":
+                            case, outcome = waiting_repro.pop(id(w))
+                            outcome.repro = message[1]
+                            if message[2]:
+                                outcome.evidence["repro_error"] = message[2]
+                            yield outcome
+                        continue
+                if not w.process.is_alive():
+                    yield from self._on_death(w, repro_queue, waiting_repro, now)
+                    continue
+                if id(w) in waiting_repro and now - w.started > self.settings.timeout_s:
+                    case, outcome = waiting_repro.pop(id(w))
+                    outcome.evidence["repro_error"] = "writing the reproducer timed out"
+                    self._replace(w)
+                    yield outcome
+                    continue
+                if not w.ready and now - w.spawned > WORKER_START_TIMEOUT_S:
+                    raise ExecutorError(f"worker did not start within {WORKER_START_TIMEOUT_S:.0f} s")
+                if w.case is not None:
+                    elapsed = now - w.started
+                    if elapsed > self.settings.timeout_s:
+                        case = w.case
+                        outcome = Outcome(
+                            case_id=case.id,
+                            status=Status.TIMEOUT,
+                            message=f"timed out after {self.settings.timeout_s:g} s; the worker was stopped",
+                            evidence={"timeout_s": self.settings.timeout_s},
+                            duration_s=elapsed,
+                        )
+                        self._replace(w)
+                        repro_queue.append((case, outcome))
+                        continue
+                    rss = self._rss_mb(w)
+                    if rss > self.settings.rss_limit_mb:
+                        case = w.case
+                        outcome = Outcome(
+                            case_id=case.id,
+                            status=Status.CRASH,
+                            message=f"worker exceeded the RSS cap: {rss:.0f} MiB > {self.settings.rss_limit_mb} MiB",
+                            evidence={"rss_mb": rss, "rss_limit_mb": self.settings.rss_limit_mb},
+                            duration_s=elapsed,
+                        )
+                        self._replace(w)
+                        repro_queue.append((case, outcome))
+
+    def _on_death(self, w: _Worker, repro_queue, waiting_repro, now) -> Iterator[Outcome]:
+        exitcode = w.process.exitcode
+        pending = waiting_repro.pop(id(w), None)
+        if pending is not None:  # died while writing a reproducer: give up on that reproducer
+            case, outcome = pending
+            outcome.evidence["repro_error"] = f"reproducer writer died: {_signal_name(exitcode)}"
+            yield outcome
+        if w.case is not None:
+            case = w.case
+            outcome = Outcome(
+                case_id=case.id,
+                status=Status.CRASH,
+                message=f"worker process died: {_signal_name(exitcode)}",
+                evidence={"exitcode": exitcode, "signal": _signal_name(exitcode)},
+                duration_s=now - w.started,
+            )
+            repro_queue.append((case, outcome))
+        elif not w.ready:
+            raise ExecutorError(f"worker died while starting: {_signal_name(exitcode)}")
+        self._replace(w)

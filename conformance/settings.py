@@ -1,0 +1,30 @@
+"""Run settings: everything a worker process needs to run cases the same way
+as the process that started it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+EMULATOR_ENV = ("NEURON_VALIDATE_EMULATOR_PROFILE", "NEURON_VALIDATE_FAULTS", "NEURON_VALIDATE_EMULATOR_AUTOLOAD")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSettings:
+    target: str = "neuron"
+    reference: str = "cpu"
+    backend_modules: tuple[str, ...] = ()
+    timeout_s: float = 120.0
+    rss_limit_mb: int = 4096
+    artifacts_dir: str | None = None  # reproducers go here
+    reference_cache: str | None = None  # SQLite file of cached reference outputs
+    env: dict[str, str] = field(default_factory=dict)  # set in workers before torch is imported
+
+    def worker_env(self) -> dict[str, str]:
+        """The environment a worker needs: emulator profile and faults, backend modules."""
+        env = {k: os.environ[k] for k in EMULATOR_ENV if k in os.environ}
+        if self.backend_modules:
+            env["NEURON_VALIDATE_BACKEND_MODULES"] = ",".join(self.backend_modules)
+            env.setdefault("NEURON_VALIDATE_EMULATOR_AUTOLOAD", "0")
+        env.update(self.env)
+        return env

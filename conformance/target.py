@@ -1,0 +1,268 @@
+"""Targets: where a case runs, and the backend adapter that runs it there.
+
+A target spec string has the form ``DEVICE[:MODE]``: ``cpu``, ``cpu:compile``,
+``cuda``, ``neuron``, ``neuron:compile``, or any PrivateUse1 device name. The
+reference and the target are both Targets; the runner never asks which is
+which. Each Target knows how to move tensors and modules to its device,
+synchronise, compile, describe itself (``label``, e.g. "neuron (emulated)")
+and the environment that reproduces its results (``manifest``), and, where the
+backend offers it, which ATen ops ran natively and which ran on the host.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import os
+import platform
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+MODES = ("eager", "compile")
+KNOWN_DEVICES = ("cpu", "cuda", "neuron")
+BACKEND_MODULE_ENV = "NEURON_VALIDATE_BACKEND_MODULES"
+_ENV_PREFIXES = ("NEURON_", "TORCH_NEURONX_", "XLA_", "NEURON_VALIDATE_", "TORCH_DEVICE_BACKEND_AUTOLOAD", "CUDA_")
+
+
+class TargetError(ValueError):
+    """A target that cannot be used here; the message is one line."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TargetSpec:
+    device: str
+    mode: str = "eager"
+
+    @classmethod
+    def parse(cls, text: str) -> "TargetSpec":
+        text = (text or "").strip()
+        if not text:
+            raise TargetError("empty target spec: expected DEVICE[:MODE], e.g. neuron or neuron:compile")
+        device, _, mode = text.partition(":")
+        mode = mode or "eager"
+        if mode not in MODES:
+            raise TargetError(f"target {text!r}: unknown mode {mode!r} (modes: {', '.join(MODES)})")
+        if not device.isidentifier():
+            raise TargetError(f"target {text!r}: {device!r} is not a device name")
+        return cls(device=device, mode=mode)
+
+    def __str__(self) -> str:
+        return self.device if self.mode == "eager" else f"{self.device}:{self.mode}"
+
+
+@dataclass(frozen=True, slots=True)
+class OpTrace:
+    """ATen ops seen on the device during a tracked region."""
+
+    executed: tuple[str, ...]
+    fallback: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class OpTracker:
+    """Filled in when a tracked region ends; ``trace`` is None where the backend cannot track."""
+
+    trace: OpTrace | None = None
+
+
+def import_backend_modules(modules: list[str] | tuple[str, ...]) -> None:
+    """Imports modules that register a backend (``--backend-module``)."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - any failure is the user's module failing to import
+            raise TargetError(f"--backend-module {name}: import failed: {type(exc).__name__}: {exc}") from None
+
+
+@dataclass(kw_only=True)
+class Target:
+    """A spec bound to a backend adapter. Build with :func:`resolve_target`."""
+
+    spec: TargetSpec
+    kind: str  # cpu | cuda | neuron | neuron-emulated | privateuse1
+    label: str
+    _tracking_module: Any = field(default=None, repr=False)
+
+    # ---------------------------------------------------------------- device
+    @property
+    def device(self):
+        import torch
+
+        return torch.device(self.spec.device)
+
+    @property
+    def is_emulated(self) -> bool:
+        return self.kind == "neuron-emulated"
+
+    @property
+    def compiles(self) -> bool:
+        return self.spec.mode == "compile"
+
+    def to(self, value):
+        """Moves tensors (also inside lists, tuples and dicts) and modules to the device."""
+        import torch
+        from torch.utils._pytree import tree_map
+
+        if isinstance(value, torch.nn.Module):
+            return value.to(self.device)
+        return tree_map(lambda v: v.to(self.device) if isinstance(v, torch.Tensor) else v, value)
+
+    def synchronize(self) -> None:
+        import torch
+
+        if self.kind == "cuda":
+            torch.cuda.synchronize()
+        elif self.kind != "cpu":
+            module = getattr(torch, self.spec.device, None)
+            if module is not None and hasattr(module, "synchronize"):
+                module.synchronize()
+
+    def compile_backend(self) -> str:
+        """The torch.compile backend for this device."""
+        if self.kind in ("neuron", "neuron-emulated"):
+            return "neuron"
+        if self.kind in ("cpu", "cuda"):
+            return "inductor"
+        return "aot_eager"
+
+    def prepare(self, fn: Callable) -> Callable:
+        """The callable as this target runs it: compiled in compile mode."""
+        if not self.compiles:
+            return fn
+        import torch
+
+        return torch.compile(fn, backend=self.compile_backend(), dynamic=False)
+
+    # ---------------------------------------------------------------- tracking
+    @property
+    def can_track_ops(self) -> bool:
+        return self._tracking_module is not None
+
+    @contextmanager
+    def track_ops(self) -> Iterator[OpTracker]:
+        """Records which ATen ops ran on the device and which fell back to the host."""
+        tracker = OpTracker()
+        module = self._tracking_module
+        if module is None:
+            yield tracker
+            return
+        module.clear_op_tracking()
+        try:
+            yield tracker
+        finally:
+            tracker.trace = OpTrace(
+                executed=tuple(sorted(str(op) for op in module.get_executed_ops())),
+                fallback=tuple(sorted(str(op) for op in module.get_fallback_ops())),
+            )
+
+    # ---------------------------------------------------------------- manifest
+    def manifest(self) -> dict:
+        """Versions, flags and environment that reproduce results on this target."""
+        import torch
+
+        info: dict[str, Any] = {
+            "target": str(self.spec),
+            "kind": self.kind,
+            "label": self.label,
+            "torch": torch.__version__,
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
+            "backend_modules": [m for m in os.environ.get(BACKEND_MODULE_ENV, "").split(",") if m],
+        }
+        if self.compiles:
+            info["compile_backend"] = self.compile_backend()
+        if self.kind == "neuron-emulated":
+            from conformance import emulator
+
+            info["emulator_profile"] = emulator.profile().to_dict()
+            info["emulator_faults"] = [f.spec() for f in emulator.faults()]
+            info["emulator_active_faults"] = [f.spec() for f in emulator.active_faults()]
+        elif self.kind == "neuron":
+            info["torch_neuronx"] = _version_of("torch_neuronx")
+            info["neuronx_cc"] = _version_of("neuronxcc")
+        elif self.kind == "cuda":
+            info["cuda"] = torch.version.cuda
+            info["device_name"] = torch.cuda.get_device_name(self.device)
+            info["capability"] = list(torch.cuda.get_device_capability(self.device))
+            info["cudnn"] = torch.backends.cudnn.version()
+        elif self.kind == "privateuse1":
+            module = getattr(torch, self.spec.device, None)
+            info["device_module"] = getattr(module, "__name__", None)
+        return info
+
+    def describe(self) -> str:
+        mode = " (torch.compile)" if self.compiles else ""
+        return f"{self.label}{mode}"
+
+
+def _version_of(module: str) -> str | None:
+    try:
+        return importlib.metadata.version(module.replace("_", "-"))
+    except Exception:  # noqa: BLE001
+        mod = sys.modules.get(module)
+        return getattr(mod, "__version__", None)
+
+
+
+def _privateuse1_name() -> str:
+    import torch
+
+    return torch._C._get_privateuse1_backend_name()
+
+
+def resolve_target(spec: str | TargetSpec, *, backend_modules: tuple[str, ...] = ()) -> Target:
+    """Turns a spec into a usable Target, or raises TargetError saying why not."""
+    spec = TargetSpec.parse(spec) if isinstance(spec, str) else spec
+    if backend_modules:
+        import_backend_modules(backend_modules)
+    import torch
+
+    device = spec.device
+    if device == "cpu":
+        return Target(spec=spec, kind="cpu", label="cpu")
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise TargetError("no CUDA device: torch.cuda.is_available() is False on this machine")
+        return Target(spec=spec, kind="cuda", label=f"cuda ({torch.cuda.get_device_name(0)})")
+    pu1 = _privateuse1_name()
+    if device == "neuron":
+        from conformance import emulator
+
+        if pu1 == "neuron" and emulator.is_registered():
+            return Target(spec=spec, kind="neuron-emulated", label="neuron (emulated)", _tracking_module=torch.neuron)
+        if emulator.real_backend_installed():
+            try:
+                import torch_neuronx  # noqa: F401
+            except Exception as exc:  # noqa: BLE001
+                raise TargetError(f"no Neuron device: torch_neuronx failed to import: {type(exc).__name__}: {exc}")
+            if _privateuse1_name() != "neuron" or not torch.neuron.is_available():
+                raise TargetError("no Neuron device: torch_neuronx is installed but reports no available device")
+            version = _version_of("torch_neuronx") or "unknown version"
+            return Target(spec=spec, kind="neuron", label=f"neuron (torch_neuronx {version})", _tracking_module=torch_neuronx)
+        if pu1 not in ("privateuseone", "neuron"):
+            raise TargetError(f"no Neuron device: PrivateUse1 is claimed by the {pu1!r} backend")
+        try:
+            emulator.register()
+        except emulator.EmulatorUnavailable as exc:
+            raise TargetError(f"no Neuron device: torch_neuronx not installed and {exc}") from None
+        return Target(spec=spec, kind="neuron-emulated", label="neuron (emulated)", _tracking_module=torch.neuron)
+    if device == pu1 and device != "privateuseone":
+        module = getattr(torch, device, None)
+        if module is None:
+            raise TargetError(f"{device}: PrivateUse1 backend registered no device module (torch.{device})")
+        if hasattr(module, "is_available") and not module.is_available():
+            raise TargetError(f"{device}: the backend reports no available device")
+        tracking = module if all(hasattr(module, a) for a in ("get_executed_ops", "get_fallback_ops", "clear_op_tracking")) else None
+        return Target(spec=spec, kind="privateuse1", label=f"{device} (PrivateUse1)", _tracking_module=tracking)
+    known = list(dict.fromkeys(list(KNOWN_DEVICES) + ([pu1] if pu1 != "privateuseone" else [])))
+    close = difflib.get_close_matches(device, known, n=2)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise TargetError(
+        f"unknown target {device!r}{hint} (available: {', '.join(known)}; "
+        "a PrivateUse1 backend needs --backend-module MOD)"
+    )

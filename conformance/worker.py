@@ -1,0 +1,117 @@
+"""The worker side: runs cases one at a time in a process of its own.
+
+A worker is started with the run's environment (emulator profile, faults,
+backend modules) before torch is imported, resolves the reference and target
+once, then answers requests from the pool: ``("run", case)`` returns an
+Outcome, ``("repro", case, outcome)`` writes a reproducer for a case that
+killed an earlier worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from .case import Case
+from .outcome import Outcome, Status
+from .settings import RunSettings
+
+# How each case kind is executed: "module:function" taking (case, context).
+KIND_EXECUTORS = {
+    "op": "op_tests.execute:execute_op_case",
+    "model": "model_zoo.execute:execute_model_case",
+    "script": "conformance.script_case:execute_script_case",
+}
+KIND_REPRO_WRITERS = {
+    "op": "op_tests.execute:write_op_repro",
+    "model": "model_zoo.execute:write_model_repro",
+}
+
+
+@dataclass(kw_only=True)
+class WorkerContext:
+    """What an executor gets besides its case."""
+
+    settings: RunSettings
+    reference: object  # conformance.target.Target
+    target: object
+    cache: object | None  # conformance.refcache.ReferenceCache
+    artifacts: Path | None
+
+
+def _load(path: str):
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def make_context(settings: RunSettings) -> WorkerContext:
+    from .target import resolve_target
+
+    target = resolve_target(settings.target, backend_modules=settings.backend_modules)
+    reference = resolve_target(settings.reference)
+    cache = None
+    if settings.reference_cache:
+        from .refcache import ReferenceCache
+
+        cache = ReferenceCache(settings.reference_cache, reference=str(reference.spec))
+    artifacts = Path(settings.artifacts_dir) if settings.artifacts_dir else None
+    return WorkerContext(settings=settings, reference=reference, target=target, cache=cache, artifacts=artifacts)
+
+
+def execute(case: Case, ctx: WorkerContext) -> Outcome:
+    """Runs one case; a failure of the harness itself becomes an ``error`` with its traceback."""
+    start = time.perf_counter()
+    try:
+        executor = _load(KIND_EXECUTORS[case.kind])
+        outcome = executor(case, ctx)
+    except Exception as exc:  # noqa: BLE001 - the worker must answer for every case
+        outcome = Outcome(
+            case_id=case.id,
+            status=Status.ERROR,
+            message=f"harness error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            evidence={"harness_error": True, "traceback": traceback.format_exc()},
+        )
+    outcome.duration_s = time.perf_counter() - start
+    return outcome
+
+
+def write_repro(case: Case, outcome: Outcome, ctx: WorkerContext) -> str | None:
+    writer_path = KIND_REPRO_WRITERS.get(case.kind)
+    if writer_path is None or ctx.artifacts is None:
+        return None
+    return _load(writer_path)(case, outcome, ctx)
+
+
+def worker_main(conn, settings: RunSettings) -> None:
+    """Entry point of a worker process (spawned with a clean interpreter)."""
+    os.environ.update(settings.worker_env())
+    try:
+        ctx = make_context(settings)
+    except Exception as exc:  # noqa: BLE001
+        conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        if request is None:
+            return
+        verb = request[0]
+        if verb == "run":
+            case = Case.from_dict(request[1])
+            conn.send(("done", execute(case, ctx).to_dict()))
+        elif verb == "repro":
+            case, outcome = Case.from_dict(request[1]), Outcome.from_dict(request[2])
+            try:
+                path = write_repro(case, outcome, ctx)
+            except Exception as exc:  # noqa: BLE001
+                path = None
+                conn.send(("repro", None, f"{type(exc).__name__}: {exc}"))
+                continue
+            conn.send(("repro", path, None))

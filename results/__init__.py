@@ -1,0 +1,1 @@
+"""The results store (SQLite: builds, cases, results) and per-build dashboards."""
