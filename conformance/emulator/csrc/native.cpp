@@ -120,9 +120,15 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 int64_t fused_sdp_choice_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
+  // The choice depends on which inputs require grad, so the aliases carry that flag.
+  auto alias = [](const at::Tensor& t) {
+    auto a = t.device().type() == kDevice ? cpu_alias(t) : t.detach();
+    if (t.requires_grad() && (a.is_floating_point() || a.is_complex())) a.requires_grad_(true);
+    return a;
+  };
   std::optional<at::Tensor> mask_cpu;
-  if (mask.has_value() && mask->defined()) mask_cpu = mask->device().type() == kDevice ? cpu_alias(*mask) : *mask;
-  return at::_fused_sdp_choice(cpu_alias(q), cpu_alias(k), cpu_alias(v), mask_cpu,
+  if (mask.has_value() && mask->defined()) mask_cpu = alias(*mask);
+  return at::_fused_sdp_choice(alias(q), alias(k), alias(v), mask_cpu,
                                             dropout_p, is_causal, scale, enable_gqa);
 }
 
@@ -212,3 +218,17 @@ at::Tensor round_to_cast_type(const at::Tensor& t, const Profile& p) {
 namespace at::native {
 REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &neuron_emu::fused_sdp_choice)
 }  // namespace at::native
+
+namespace neuron_emu {
+// Host/device copies carry conj and neg bits through to the CPU copy kernel,
+// which resolves them. Without this the math-bit fallbacks would materialise
+// the source with clone(), which copies through _copy_from again, forever.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+}  // namespace neuron_emu

@@ -1,0 +1,96 @@
+"""Saving nested Python values of tensors without pickle.
+
+Values are nested tuples, lists and string-keyed dicts of tensors, numbers,
+strings, dtypes, devices, memory formats, slices and Ellipsis. They are
+written with ``torch.save`` as a JSON structure plus a list of tensors, and
+read back with ``torch.load(weights_only=True)``, which never unpickles
+arbitrary objects. Used for the reference cache and for reproducer inputs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import torch
+
+
+class Unserializable(TypeError):
+    pass
+
+
+def _encode(value: Any, tensors: list[torch.Tensor]):
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu()
+        tensors.append(t.clone().contiguous() if t.layout == torch.strided else t)
+        return {"__t": len(tensors) - 1, "rg": bool(value.requires_grad)}
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return {"__f": repr(value)}
+    if isinstance(value, complex):
+        return {"__c": [repr(value.real), repr(value.imag)]}
+    if isinstance(value, torch.dtype):
+        return {"__dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"__device": str(value)}
+    if isinstance(value, torch.memory_format):
+        return {"__memory_format": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.layout):
+        return {"__layout": str(value).removeprefix("torch.")}
+    if value is Ellipsis:
+        return {"__ellipsis": True}
+    if isinstance(value, slice):
+        return {"__slice": [_encode(value.start, tensors), _encode(value.stop, tensors), _encode(value.step, tensors)]}
+    if isinstance(value, tuple):
+        return {"__tuple": [_encode(v, tensors) for v in value]}  # named tuples come back as plain tuples
+    if isinstance(value, list):
+        return [_encode(v, tensors) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {"__dict": {k: _encode(v, tensors) for k, v in value.items()}}
+    raise Unserializable(f"cannot save a {type(value).__name__}")
+
+
+def _decode(node: Any, tensors: list, requires_grad: bool = False):
+    if isinstance(node, list):
+        return [_decode(v, tensors, requires_grad) for v in node]
+    if isinstance(node, dict):
+        if "__t" in node:
+            t = tensors[node["__t"]]
+            return t.requires_grad_(True) if requires_grad and node.get("rg") else t
+        if "__f" in node:
+            return float(node["__f"])
+        if "__c" in node:
+            return complex(float(node["__c"][0]), float(node["__c"][1]))
+        if "__dtype" in node:
+            return getattr(torch, node["__dtype"])
+        if "__device" in node:
+            return torch.device(node["__device"])
+        if "__memory_format" in node:
+            return getattr(torch, node["__memory_format"])
+        if "__layout" in node:
+            return getattr(torch, node["__layout"])
+        if "__ellipsis" in node:
+            return Ellipsis
+        if "__slice" in node:
+            return slice(*(_decode(v, tensors, requires_grad) for v in node["__slice"]))
+        if "__tuple" in node:
+            return tuple(_decode(v, tensors, requires_grad) for v in node["__tuple"])
+        if "__dict" in node:
+            return {k: _decode(v, tensors, requires_grad) for k, v in node["__dict"].items()}
+    return node
+
+
+def pack(value: Any) -> bytes:
+    tensors: list[torch.Tensor] = []
+    structure = json.dumps(_encode(value, tensors))
+    buffer = io.BytesIO()
+    torch.save({"structure": structure, "tensors": tensors}, buffer)
+    return buffer.getvalue()
+
+
+def unpack(payload: bytes, *, requires_grad: bool = False) -> Any:
+    """Reads a packed value; ``requires_grad`` restores the flag on tensors that had it."""
+    data = torch.load(io.BytesIO(payload), weights_only=True)
+    return _decode(json.loads(data["structure"]), data["tensors"], requires_grad)

@@ -1,0 +1,109 @@
+"""Per-op comparison rules, from ``op_tests/data/op_rules.json``.
+
+Most ops are compared by value. Random ops are compared by distribution,
+uninitialised outputs by metadata, and index outputs with ties (sort, topk,
+argmax, ...) by the input values they select, so that a backend that breaks
+ties differently is not failed for it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+RULES_FILE = Path(__file__).with_name("data") / "op_rules.json"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatherSpec:
+    dim_position: int
+    dim_default: int | None
+    keepdim_position: int | None
+    keepdim_default: bool
+    index_output: int | None  # position in the output tuple; None: the output is the index
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpRule:
+    compare: str  # values | distribution | metadata
+    reason: str = ""
+    gather: GatherSpec | None = None
+
+
+@functools.lru_cache(maxsize=1)
+def _rules() -> dict:
+    data = json.loads(RULES_FILE.read_text())
+    for section in ("distribution", "metadata", "gather_indices"):
+        for entry in data.get(section, []):
+            if not entry.get("reason"):
+                raise ValueError(f"{RULES_FILE.name}: every {section} entry needs a reason ({entry.get('pattern')})")
+    return data
+
+
+def rule_for(op_key: str) -> OpRule:
+    data = _rules()
+    for entry in data["distribution"]:
+        if fnmatch.fnmatchcase(op_key, entry["pattern"]):
+            return OpRule(compare="distribution", reason=entry["reason"])
+    for entry in data["metadata"]:
+        if fnmatch.fnmatchcase(op_key, entry["pattern"]):
+            return OpRule(compare="metadata", reason=entry["reason"])
+    for entry in data["gather_indices"]:
+        if fnmatch.fnmatchcase(op_key, entry["pattern"]):
+            keepdim = entry.get("keepdim")
+            return OpRule(
+                compare="values",
+                reason=entry["reason"],
+                gather=GatherSpec(
+                    dim_position=entry["dim"][0],
+                    dim_default=entry["dim"][1],
+                    keepdim_position=keepdim[0] if keepdim else None,
+                    keepdim_default=bool(keepdim[1]) if keepdim else True,
+                    index_output=entry["index_output"],
+                ),
+            )
+    return OpRule(compare="values")
+
+
+def _arg(args, kwargs, position: int | None, name: str, default):
+    if name in kwargs:
+        return kwargs[name]
+    if position is not None and position < len(args):
+        return args[position]
+    return default
+
+
+def gather_index_output(spec: GatherSpec, cpu_input: torch.Tensor, args, kwargs, output):
+    """Replaces the index tensor in ``output`` by the input values it selects."""
+    dim = _arg(args, kwargs, spec.dim_position, "dim", spec.dim_default)
+    keepdim = _arg(args, kwargs, spec.keepdim_position, "keepdim", spec.keepdim_default) if spec.keepdim_position is not None else True
+    if not isinstance(dim, int):
+        dim = None
+
+    def gathered(index: torch.Tensor) -> torch.Tensor:
+        device = index.device  # keep the side's device, so the device check still sees it
+        return _gather(index.detach().cpu()).to(device)
+
+    def _gather(index: torch.Tensor) -> torch.Tensor:
+        source = cpu_input.detach()
+        if source.dim() == 0:
+            return source.expand(index.shape).clone()
+        if dim is None:
+            return source.reshape(-1).take(index.reshape(-1)).reshape(index.shape)
+        d = dim % source.dim()
+        idx = index if keepdim or index.dim() == source.dim() else index.unsqueeze(d)
+        values = source.take_along_dim(idx, d)
+        return values if keepdim or index.dim() == source.dim() else values.squeeze(d)
+
+    if spec.index_output is None:
+        return gathered(output) if isinstance(output, torch.Tensor) else output
+    if isinstance(output, (tuple, list)) and len(output) > spec.index_output:
+        parts = list(output)
+        parts[spec.index_output] = gathered(parts[spec.index_output])
+        return tuple(parts)
+    return output

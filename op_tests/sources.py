@@ -1,0 +1,132 @@
+"""Operator case sources: PyTorch's OpInfo database and hypothesis strategies.
+
+One case is one (OpInfo entry, dtype, direction): all of that entry's
+``reference_inputs`` (which begin with its ``sample_inputs``) run inside it,
+so a sweep has one result per op x dtype x direction, and a crash is confined
+to the op that caused it. Every dtype the op supports on CPU is covered;
+backward covers the floating and complex dtypes with autograd support.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from conformance.case import Case
+
+DIRECTIONS = ("forward", "backward")
+DTYPE_NAMES = (
+    "float32", "float64", "float16", "bfloat16", "complex32", "complex64", "complex128",
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool",
+)
+
+
+class UnknownOpError(ValueError):
+    """An --ops pattern that matches no op; the message lists close names."""
+
+
+@functools.lru_cache(maxsize=1)
+def op_db():
+    """PyTorch's OpInfo database (imported on first use: it takes seconds)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.testing._internal.common_methods_invocations import op_db as db
+    return tuple(db)
+
+
+def op_key(op) -> str:
+    """``name`` or ``name.variant``: unique across op_db."""
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+@functools.lru_cache(maxsize=1)
+def op_index() -> dict:
+    return {op_key(op): op for op in op_db()}
+
+
+def get_op(key: str):
+    try:
+        return op_index()[key]
+    except KeyError:
+        raise UnknownOpError(_unknown_message(key)) from None
+
+
+def _unknown_message(pattern: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(pattern, list(op_index()), n=4)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return f"no op matches {pattern!r}{hint}"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def to_dtype(name: str) -> torch.dtype:
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {name!r} (dtypes: {', '.join(DTYPE_NAMES)})")
+    return getattr(torch, name)
+
+
+def supports_backward(op, dtype: torch.dtype) -> bool:
+    return (
+        op.supports_autograd
+        and (dtype.is_floating_point or dtype.is_complex)
+        and dtype in op.supported_backward_dtypes("cpu")
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpSelection:
+    """What ``--ops``, ``--dtypes`` and directions select."""
+
+    patterns: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()  # empty: every dtype the op supports
+    directions: tuple[str, ...] = DIRECTIONS
+    max_samples: int = 0  # 0: all samples
+    seed: int = 0
+
+
+def select_ops(patterns=("*",), exclude=()) -> list:
+    """OpInfo entries whose key matches any pattern and no exclusion."""
+    keys = list(op_index())
+    chosen = []
+    for pattern in patterns:
+        matched = [k for k in keys if fnmatch.fnmatchcase(k, pattern)]
+        if not matched:
+            raise UnknownOpError(_unknown_message(pattern))
+        chosen.extend(matched)
+    chosen = [k for k in dict.fromkeys(chosen) if not any(fnmatch.fnmatchcase(k, e) for e in exclude)]
+    return [op_index()[k] for k in chosen]
+
+
+def op_cases(selection: OpSelection = OpSelection()) -> list[Case]:
+    for d in selection.dtypes:
+        to_dtype(d)
+    for d in selection.directions:
+        if d not in DIRECTIONS:
+            raise ValueError(f"unknown direction {d!r} (directions: {', '.join(DIRECTIONS)})")
+    cases = []
+    for op in select_ops(selection.patterns, selection.exclude):
+        for dtype in sorted(op.supported_dtypes("cpu"), key=dtype_name):
+            name = dtype_name(dtype)
+            if selection.dtypes and name not in selection.dtypes:
+                continue
+            for direction in selection.directions:
+                if direction == "backward" and not supports_backward(op, dtype):
+                    continue
+                config = {"source": "opinfo"}
+                if selection.max_samples:
+                    config["max_samples"] = selection.max_samples
+                cases.append(
+                    Case(kind="op", name=op.name, family=op.variant_test_name, dtype=name, mode=direction,
+                         config=config, seed=selection.seed)
+                )
+    return cases
