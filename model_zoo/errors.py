@@ -16,7 +16,7 @@ class ModelBuildError(ModelZooError):
     """An architecture that cannot be built, or an axis value it does not support."""
 
 
-class UnknownModelError(ModelZooError, KeyError):
+class UnknownModelError(ModelBuildError, KeyError):
     """A registry name that is not registered; the message lists the closest names."""
 
     def __str__(self) -> str:  # KeyError would repr() the message

@@ -31,8 +31,11 @@ class UnknownOpError(ValueError):
 @functools.lru_cache(maxsize=1)
 def op_db():
     """PyTorch's OpInfo database (imported on first use: it takes seconds)."""
+    import logging
     import warnings
 
+    # Importing the test utilities probes for CUDA and logs about it; that is noise here.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from torch.testing._internal.common_methods_invocations import op_db as db

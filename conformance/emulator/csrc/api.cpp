@@ -145,6 +145,13 @@ TORCH_LIBRARY(neuron_emulator, m) {
 #define NEURON_AUTOCAST_LOWER(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
 #define NEURON_AUTOCAST_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
 #define NEURON_AUTOCAST_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+#define NEURON_AUTOCAST_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+
+// The op lists spell signatures with ATen's unqualified names.
+using at::IntArrayRef;
+using at::Scalar;
+using at::ScalarType;
+using at::Tensor;
 
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
 
@@ -152,6 +159,8 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   AT_FORALL_LOWER_PRECISION_FP(NEURON_AUTOCAST_LOWER)
   AT_FORALL_FP32(NEURON_AUTOCAST_FP32)
   AT_FORALL_PROMOTE(NEURON_AUTOCAST_PROMOTE)
+  AT_FORALL_FP32_SET_OPT_DTYPE(NEURON_AUTOCAST_FP32_SET_OPT_DTYPE)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
 }
 
 }  // namespace neuron_emu

@@ -1,0 +1,1 @@
+"""Command-line entry points: ``neuron-validate`` and ``neuron-conformance``."""
