@@ -153,6 +153,8 @@ def set_faults(faults: str | list[Fault] | None) -> list[Fault]:
 
     _require_registered()
     parsed = parse_faults(faults) if isinstance(faults, str) or faults is None else list(faults)
+    if parsed:
+        torch.ops.neuron_emulator.mirror_ops_matching([f.op for f in parsed])
     active = torch.ops.neuron_emulator.set_faults(
         [FAULT_KIND_CODES[f.kind] for f in parsed],
         [f.op for f in parsed],

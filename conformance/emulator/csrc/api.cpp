@@ -136,6 +136,7 @@ TORCH_LIBRARY(neuron_emulator, m) {
   m.def("get_rng_state(int device) -> Tensor", &api_get_rng_state);
   m.def("set_rng_state(int device, Tensor state) -> ()", &api_set_rng_state);
   m.def("mirror_cpu_kernels() -> int", &mirror_cpu_kernels);
+  m.def("mirror_ops_matching(str[] globs) -> int", &mirror_ops_matching);
   m.def("device_count() -> int", &api_device_count);
   m.def("current_device() -> int", &api_current_device);
   m.def("set_device(int device) -> ()", &api_set_device);

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <functional>
 #include <thread>
 #include <unordered_map>
 
@@ -631,35 +632,80 @@ void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
-int64_t mirror_cpu_kernels() {
-  // Ops with a CPU kernel of their own would otherwise reach the device
-  // through composite kernels (layer_norm through batch_norm, SDPA through its
-  // math path, functional ops through their out= form), which compute
-  // differently from the CPU. Giving the device a kernel for each of them keeps
-  // "exact" bit-identical to CPU eager. Ops whose autograd comes from a
-  // CompositeImplicitAutograd kernel are left alone: a backend kernel would hide
-  // their derivative.
-  static std::mutex mutex;
-  static std::unique_ptr<torch::Library> lib;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (lib) return 0;
-  lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
-                                         __LINE__);
+namespace {
+std::mutex g_mirror_mutex;
+std::unique_ptr<torch::Library> g_mirror_lib;
+
+torch::Library& mirror_library() {
+  if (!g_mirror_lib)
+    g_mirror_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                                    __FILE__, __LINE__);
+  return *g_mirror_lib;
+}
+
+// Ops that must keep their composite kernels: they move data between devices
+// or allocate, and running them on CPU aliases would put results on the
+// wrong device.
+bool must_stay_composite(const std::string& name) {
+  static const char* keep[] = {"aten::_to_copy", "aten::to", "aten::copy", "aten::copy_", "aten::_copy_from",
+                               "aten::_copy_from_and_resize", "aten::clone", "aten::contiguous", "aten::lift",
+                               "aten::lift_fresh", "aten::lift_fresh_copy"};
+  for (auto* k : keep)
+    if (name == k) return true;
+  return name.rfind("aten::empty", 0) == 0 || name.rfind("aten::new_", 0) == 0 ||
+         name.find("_like") != std::string::npos;
+}
+
+int64_t mirror(const std::function<bool(const c10::OperatorName&, const c10::OperatorHandle&)>& want) {
   auto& dispatcher = c10::Dispatcher::singleton();
   int64_t n = 0;
   for (const auto& name : dispatcher.getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
     auto handle = dispatcher.findOp(name);
     if (!handle || !handle->hasSchema()) continue;
-    if (!handle->hasKernelForDispatchKey(c10::DispatchKey::CPU)) continue;
     if (handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
-    if (handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+    if (!want(name, *handle)) continue;
     std::string qualified = name.name.substr(6);
     if (!name.overload_name.empty()) qualified += "." + name.overload_name;
-    lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&device_fallback>());
+    mirror_library().impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&device_fallback>());
     ++n;
   }
   return n;
+}
+}  // namespace
+
+int64_t mirror_cpu_kernels() {
+  // Ops with a CPU kernel of their own would otherwise reach the device
+  // through composite kernels (layer_norm through batch_norm, SDPA through its
+  // math path, functional ops through their out= form), which compute
+  // differently from the CPU. Giving the device a kernel for each of them keeps
+  // "exact" bit-identical to CPU eager. (An op with both a CPU kernel and a
+  // CompositeImplicitAutograd one, like silu_backward, then also has the CPU's
+  // autograd behaviour on the device.)
+  static bool done = false;
+  std::lock_guard<std::mutex> lock(g_mirror_mutex);
+  if (done) return 0;
+  done = true;
+  return mirror([](const c10::OperatorName&, const c10::OperatorHandle& h) {
+    return h.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+  });
+}
+
+int64_t mirror_ops_matching(const std::vector<std::string>& globs) {
+  // A fault names an op as users call it ("aten::abs"), but a composite op
+  // reaches a backend only through its out= form, where a fault cannot change
+  // the output's dtype or shape. Faulted ops therefore get a device kernel of
+  // their own, which runs the composite on the CPU side.
+  std::lock_guard<std::mutex> lock(g_mirror_mutex);
+  return mirror([&](const c10::OperatorName& name, const c10::OperatorHandle& h) {
+    // An op without a CPU kernel that decomposes implicitly keeps its decomposition (and derivative).
+    if (h.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return false;
+    std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+    if (must_stay_composite(name.name)) return false;
+    for (const auto& g : globs)
+      if (glob_match(g, full) || glob_match(g, name.name)) return true;
+    return false;
+  });
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -133,5 +133,6 @@ at::Tensor stochastic_round_bf16(const at::Tensor& t, const Profile& p);
 // ---------------------------------------------------------------- kernels
 void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 int64_t mirror_cpu_kernels();
+int64_t mirror_ops_matching(const std::vector<std::string>& globs);
 
 }  // namespace neuron_emu
