@@ -57,11 +57,13 @@ class _Worker:
 class LocalPool:
     """Runs cases on ``jobs`` worker processes and yields Outcomes as they finish."""
 
-    def __init__(self, settings: RunSettings, jobs: int = 1) -> None:
+    def __init__(self, settings: RunSettings, jobs: int = 1, *, persistent: bool = False) -> None:
+        """``persistent``: keep the workers between ``run`` calls (until ``close``), as the pytest route does."""
         if jobs < 1:
             raise ValueError(f"jobs={jobs!r} (type=int): must be >= 1")
         self.settings = settings
         self.jobs = jobs
+        self.persistent = persistent
         self._ctx = mp.get_context("spawn")
         self._workers: list[_Worker] = []
 
@@ -109,11 +111,18 @@ class LocalPool:
         queue: deque[Case] = deque(cases)
         if not queue:
             return
-        self._workers = [self._spawn() for _ in range(min(self.jobs, len(queue)))]
+        while len(self._workers) < min(self.jobs, len(queue)):
+            self._workers.append(self._spawn())
         try:
             yield from self._loop(queue)
         finally:
-            self.close()
+            if not self.persistent:
+                self.close()
+
+    def run_one(self, case: Case) -> Outcome:
+        """Runs a single case (with the same isolation) and returns its outcome."""
+        outcomes = list(self.run([case]))
+        return outcomes[-1]
 
     def _replace(self, worker: _Worker) -> _Worker:
         self._kill(worker)

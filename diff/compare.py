@@ -246,6 +246,11 @@ class _Walker:
 
     def _float(self, a: torch.Tensor, e: torch.Tensor, g: torch.Tensor | None, dtype, path: str) -> None:
         r = self.result
+        if _bitwise_equal(a, e):  # the common case, and the cheap one: no metrics to compute
+            for key in ("max_abs", "max_rel", "max_ulp", "mismatch_fraction"):
+                r._note(key, 0.0)
+            self._passed("reference")
+            return
         tol = self.tol_fn(dtype)
         nan_a, nan_e = torch.isnan(a), torch.isnan(e)
         if not torch.equal(nan_a, nan_e):
@@ -334,6 +339,17 @@ class _Walker:
                 f"{float(ef.mean()):.4g}, std {float(ef.std()):.4g})",
                 {"ks_statistic": d, "ks_critical": critical},
             )
+
+
+_BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+         torch.bfloat16: torch.int16}
+
+
+def _bitwise_equal(a: torch.Tensor, e: torch.Tensor) -> bool:
+    bits = _BITS.get(a.dtype)
+    if bits is None or a.dtype != e.dtype:
+        return False
+    return torch.equal(a.contiguous().view(bits), e.contiguous().view(bits))
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:

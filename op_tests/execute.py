@@ -50,6 +50,8 @@ def _tolerances() -> TolerancePolicy:
 # ---------------------------------------------------------------- samples
 def generate_samples(op, case: Case) -> list:
     """The case's samples, deterministic for its seed (the reference inputs begin with the sample inputs)."""
+    if case.config.get("source") == "hypothesis":
+        return hypothesis_samples(op, case)
     dtype = to_dtype(case.dtype)
     limit = int(case.config.get("max_samples", 0))
     torch.manual_seed(case.seed)
@@ -58,6 +60,30 @@ def generate_samples(op, case: Case) -> list:
         samples.append(sample)
         if limit and len(samples) >= limit:
             break
+    return samples
+
+
+def hypothesis_samples(op, case: Case) -> list:
+    """Samples drawn from the strategies in op_tests/strategies.py; each sample's name is its spec's repr."""
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    from .sources import elementwise_kind
+    from .strategies import binary_specs, draw_examples, tensor_specs
+
+    kind = elementwise_kind(op)
+    strategy = tensor_specs(case.dtype) if kind == "unary" else binary_specs(case.dtype)
+    backward = case.mode == "backward"
+
+    def make(spec):
+        t = spec.build()
+        return t.detach().requires_grad_() if backward else t
+
+    samples = []
+    for example in draw_examples(strategy, int(case.config.get("examples", 16)), seed=case.seed):
+        if kind == "unary":
+            samples.append(SampleInput(make(example), name=repr(example)))
+        else:
+            samples.append(SampleInput(make(example[0]), args=(make(example[1]),), name=repr(example)))
     return samples
 
 
@@ -256,6 +282,8 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             expected_device = device_type if _expects_device(target_parts, target.device) else None
             verdict = _judge(i, op, rule, sample, parts, ref, tgt, backward=backward, seed=seed,
                              tolerance=tolerance, device_type=expected_device, nondeterministic=nondeterministic)
+            if sample.name and verdict.status not in (Status.PASS, Status.SKIP):
+                verdict.message = f"{verdict.message} [{sample.name}]"
             if verdict.comparison:
                 for k, v in verdict.comparison.get("worst", {}).items():
                     worst[k] = max(worst.get(k, 0.0), v)

@@ -95,6 +95,7 @@ class OpSelection:
     directions: tuple[str, ...] = DIRECTIONS
     max_samples: int = 0  # 0: all samples
     seed: int = 0
+    hypothesis_examples: int = 16  # per element-wise op x float dtype x direction; 0: none
 
 
 def select_ops(patterns=("*",), exclude=()) -> list:
@@ -133,3 +134,42 @@ def op_cases(selection: OpSelection = OpSelection()) -> list[Case]:
                          config=config, seed=selection.seed)
                 )
     return cases
+
+
+HYPOTHESIS_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+def elementwise_kind(op) -> str | None:
+    """"unary" or "binary" for element-wise ufunc OpInfos, else None."""
+    from torch.testing._internal.opinfo.core import BinaryUfuncInfo, UnaryUfuncInfo
+
+    if isinstance(op, UnaryUfuncInfo):
+        return "unary"
+    if isinstance(op, BinaryUfuncInfo):
+        return "binary"
+    return None
+
+
+def hypothesis_cases(selection: OpSelection = OpSelection()) -> list[Case]:
+    """Element-wise ops on shapes, layouts, broadcasting and special values that OpInfo misses."""
+    if not selection.hypothesis_examples:
+        return []
+    cases = []
+    for op in select_ops(selection.patterns, selection.exclude):
+        if elementwise_kind(op) is None:
+            continue
+        supported = {dtype_name(d) for d in op.supported_dtypes("cpu")}
+        for name in HYPOTHESIS_DTYPES:
+            if name not in supported or (selection.dtypes and name not in selection.dtypes):
+                continue
+            for direction in selection.directions:
+                if direction == "backward" and not supports_backward(op, to_dtype(name)):
+                    continue
+                cases.append(Case(kind="op", name=op.name, family=op.variant_test_name, dtype=name, mode=direction,
+                                  config={"source": "hypothesis", "examples": selection.hypothesis_examples},
+                                  seed=selection.seed))
+    return cases
+
+
+def all_cases(selection: OpSelection = OpSelection()) -> list[Case]:
+    return op_cases(selection) + hypothesis_cases(selection)

@@ -102,15 +102,16 @@ def _run(args, cases, *, kind_label: str, timeout: float, group: str = "dtype") 
 # ---------------------------------------------------------------- ops
 def cmd_ops(args) -> int:
     apply_environment(args)
-    from op_tests.sources import DIRECTIONS, OpSelection, UnknownOpError, op_cases
+    from op_tests.sources import DIRECTIONS, OpSelection, UnknownOpError, all_cases
 
     directions = tuple(d.strip() for d in args.directions.split(",") if d.strip())
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip()) if args.dtypes else ()
     try:
-        cases = op_cases(OpSelection(
+        cases = all_cases(OpSelection(
             patterns=tuple(p.strip() for p in args.ops.split(",") if p.strip()) or ("*",),
             exclude=tuple(p.strip() for p in (args.exclude or "").split(",") if p.strip()),
             dtypes=dtypes, directions=directions or DIRECTIONS, max_samples=args.max_samples, seed=args.seed,
+            hypothesis_examples=args.hypothesis_examples,
         ))
     except (UnknownOpError, ValueError) as exc:
         raise UsageError(str(exc)) from None
@@ -135,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--directions", default="forward,backward", help="forward, backward or both")
     p.add_argument("--max-samples", type=int, default=0, help="at most this many samples per case (0: all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hypothesis-examples", type=int, default=16,
+                   help="hypothesis examples per element-wise op x float dtype x direction (0: none)")
     p.add_argument("--list", action="store_true", help="print the selected cases and exit")
     p.set_defaults(func=cmd_ops)
 

@@ -36,7 +36,7 @@ def case_progress(description: str):
             state["failures"] += 1
         progress.update(state["task"], advance=1, last=f"{outcome.status.value:12s} {case.title[:60]}")
         if not progress.console.is_terminal and outcome.failed:
-            console.print(f"  {outcome.status.value:12s} {case.title}: {outcome.message[:160]}", markup=False)
+            console.print(f"  {outcome.status.value:12s} {case.title}: {outcome.message[:200]}", markup=False, soft_wrap=True)
 
     with progress:
         yield start, advance

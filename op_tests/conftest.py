@@ -1,0 +1,3 @@
+"""Makes ``pytest op_tests`` the operator suite (see op_tests/pytest_plugin.py)."""
+
+pytest_plugins = ["op_tests.pytest_plugin"]
