@@ -75,6 +75,11 @@ def execute(case: Case, ctx: WorkerContext) -> Outcome:
             message=f"harness error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
             evidence={"harness_error": True, "traceback": traceback.format_exc()},
         )
+    if outcome.failed and ctx.artifacts is not None and not outcome.evidence.get("harness_error"):
+        try:
+            outcome.repro = write_repro(case, outcome, ctx)
+        except Exception as exc:  # noqa: BLE001 - a reproducer that cannot be written is noted, not fatal
+            outcome.evidence["repro_error"] = f"{type(exc).__name__}: {exc}"
     outcome.duration_s = time.perf_counter() - start
     return outcome
 

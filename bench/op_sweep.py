@@ -1,0 +1,143 @@
+"""Figures of the operator sweep on the emulated device.
+
+Prints, for the selected ops (default: all of op_db, forward and backward):
+  1. the sweep with -j N: cases, wall time, and time split by generation,
+     execution (reference, target) and comparison, summed over workers;
+  2. harness overhead: the harness's time per case against the raw work of
+     the same samples done in a plain loop in one process (generate the
+     samples, run them on the reference and on the target);
+  3. the same samples checked the way PyTorch's test_compare_cpu does (a
+     per-sample torch.testing.assert_close loop), for comparison;
+  4. the speedup of a rerun with a warm reference cache (a second build).
+
+Goals: the full forward-and-backward sweep within 20 minutes on 2 cores;
+overhead 1.25x at most; warm-cache speedup 1.8x at least.
+
+    python bench/op_sweep.py [--ops GLOB,...] [--dtypes ...] [-j 2] [--profile exact]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+
+
+def sweep(cases, results, build, jobs, timeout):
+    from conformance.settings import RunSettings
+    from conformance.suite import run_suite
+    from results.store import ResultStore
+
+    settings = RunSettings(target="neuron", timeout_s=timeout, artifacts_dir=os.path.join(results, "artifacts"),
+                           reference_cache=os.path.join(results, "reference_cache.sqlite"))
+    totals: dict[str, float] = {}
+    cached = 0
+
+    def collect(case, outcome):
+        nonlocal cached
+        cached += outcome.cached_reference
+        for k, v in outcome.timings.items():
+            totals[k] = totals.get(k, 0.0) + v
+
+    start = time.perf_counter()
+    with ResultStore.open(results) as store:
+        summary = run_suite(cases, settings=settings, store=store, build_id=build, manifest={}, target_label="neuron",
+                            jobs=jobs, on_outcome=collect)
+    return time.perf_counter() - start, summary, totals, cached
+
+
+def plain_loops(cases, limit: int):
+    """Raw work and the test_compare_cpu-style check, for the first ``limit`` cases, in this process."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    from conformance import emulator
+    from op_tests.execute import _copy_to, generate_samples, sample_parts
+    from op_tests.sources import get_op
+
+    emulator.register()
+    raw = check = 0.0
+    for case in cases[:limit]:
+        op = get_op(f"{case.name}.{case.family}" if case.family else case.name)
+        backward = case.mode == "backward"
+        t0 = time.perf_counter()
+        samples = generate_samples(op, case)
+        generation = time.perf_counter() - t0
+        for run_check in (False, True):
+            t0 = time.perf_counter()
+            for sample in samples:
+                parts = sample_parts(sample)
+                results = []
+                for device in ("cpu", "neuron"):
+                    inp, args, kwargs = _copy_to(parts, device)
+                    try:
+                        out = sample.output_process_fn_grad(op(inp, *args, **kwargs))
+                        if backward:
+                            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+                            ins = [t for t in tree_leaves((inp, args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
+                            if outs and ins:
+                                out = torch.autograd.grad(outs, ins, [torch.ones_like(o) for o in outs], allow_unused=True)
+                        results.append(out)
+                    except Exception:  # noqa: BLE001
+                        results.append(None)
+                if run_check and results[0] is not None and results[1] is not None:
+                    try:
+                        torch.testing.assert_close(results[1], results[0], equal_nan=True, check_device=False)
+                    except Exception:  # noqa: BLE001
+                        pass
+            elapsed = time.perf_counter() - t0
+            if run_check:
+                check += generation + elapsed
+            else:
+                raw += generation + elapsed
+    return raw, check
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", default="*")
+    parser.add_argument("--dtypes", default="")
+    parser.add_argument("--directions", default="forward,backward")
+    parser.add_argument("-j", "--jobs", type=int, default=2)
+    parser.add_argument("--profile", default="exact")
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--loop-cases", type=int, default=300, help="cases measured by the in-process loops")
+    args = parser.parse_args()
+    os.environ["NEURON_VALIDATE_EMULATOR_PROFILE"] = args.profile
+
+    from op_tests.sources import OpSelection, all_cases
+
+    split = lambda s: tuple(x for x in s.split(",") if x)  # noqa: E731
+    cases = all_cases(OpSelection(patterns=split(args.ops) or ("*",), dtypes=split(args.dtypes),
+                                  directions=split(args.directions)))
+    results = tempfile.mkdtemp(prefix="op_sweep_")
+    try:
+        cold, summary, totals, _ = sweep(cases, results, "cold", args.jobs, args.timeout)
+        print(f"sweep: {summary.total} cases (profile {args.profile}, -j {args.jobs}) in {cold:.1f} s "
+              f"= {cold / 60:.1f} min; outcomes {summary.counts}")
+        work = sum(totals.values())
+        for key in ("generation", "reference", "target", "comparison"):
+            share = totals.get(key, 0.0)
+            print(f"  {key:<11} {share:9.1f} s  ({100 * share / work:4.1f}% of in-case time, summed over workers)")
+        per_case_harness = cold * args.jobs / max(summary.total, 1)
+        warm, warm_summary, _, cached = sweep(cases, results, "warm", args.jobs, args.timeout)
+        print(f"rerun with a warm reference cache: {warm:.1f} s ({cached} of {warm_summary.total} cases from cache); "
+              f"speedup {cold / warm:.2f}x (goal >= 1.8x)")
+        n = min(args.loop_cases, len(cases))
+        step = max(1, len(cases) // n)
+        sample_cases = cases[::step][:n]
+        raw, check = plain_loops(sample_cases, n)
+        raw_per_case, check_per_case = raw / len(sample_cases), check / len(sample_cases)
+        print(f"raw work per case (generate + run both sides, {len(sample_cases)} cases in one process): "
+              f"{raw_per_case * 1e3:.1f} ms; harness per case (cold sweep, per worker): {per_case_harness * 1e3:.1f} ms; "
+              f"overhead {per_case_harness / raw_per_case:.2f}x (goal <= 1.25x)")
+        print(f"test_compare_cpu-style assert_close loop per case: {check_per_case * 1e3:.1f} ms "
+              f"(no golden, no isolation, no store, one verdict rule)")
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The operator suite catches real faults injected into the device, with the right outcome.
+
+Detection comes from the comparison and from isolation, never from knowing
+the faults: the suite runs unchanged, the faults live in the device.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.outcome import Status
+from conformance.settings import RunSettings
+from conformance.suite import run_suite
+from op_tests.sources import OpSelection, op_cases
+from results.store import ResultStore
+
+FP32_RTOL = 1.3e-6
+FAULTS = ";".join([
+    f"perturb@aten::tanh,rel={10 * FP32_RTOL}",           # forward, 10x the tolerance
+    f"perturb@aten::sigmoid_backward,rel={10 * FP32_RTOL}",  # backward only
+    "wrong_dtype@aten::abs",
+    "wrong_shape@aten::neg",
+    "raise@aten::cumsum",
+    "host_fallback@aten::sin",
+    "host_output@aten::exp2",
+    "crash@aten::cos",
+    "hang@aten::exp",
+])
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    results = tmp_path_factory.mktemp("faults")
+    cases = op_cases(OpSelection(
+        patterns=("tanh", "sigmoid", "abs", "neg", "cumsum", "sin", "exp2", "cos", "exp", "add"),
+        dtypes=("float32",), max_samples=6,
+    ))
+    settings = RunSettings(
+        target="neuron", timeout_s=20, artifacts_dir=str(results / "artifacts"),
+        env={"NEURON_VALIDATE_FAULTS": FAULTS, "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"},
+    )
+    with ResultStore.open(results) as store:
+        run_suite(cases, settings=settings, store=store, build_id="faulty", manifest={}, target_label="neuron", jobs=2)
+        return {(row.case.name, row.case.mode): row.outcome for row in store.results("faulty")}
+
+
+@pytest.mark.parametrize("op, mode, status, needle", [
+    ("tanh", "forward", Status.MISMATCH, "Mismatched elements"),
+    ("sigmoid", "backward", Status.MISMATCH, "Mismatched elements"),
+    ("abs", "forward", Status.MISMATCH, "dtype torch.float64 != torch.float32"),
+    ("neg", "forward", Status.MISMATCH, "shape"),
+    ("cumsum", "forward", Status.ERROR, "injected fault in aten::cumsum"),
+    ("sin", "forward", Status.CPU_FALLBACK, "aten::sin"),
+    ("exp2", "forward", Status.MISMATCH, "output is on cpu"),
+    ("cos", "forward", Status.CRASH, "SIGSEGV"),
+    ("exp", "forward", Status.TIMEOUT, "timed out"),
+])
+def test_fault_is_caught(outcomes, op, mode, status, needle):
+    outcome = outcomes[(op, mode)]
+    assert outcome.status is status, outcome.message
+    assert needle in outcome.message
+
+
+def test_untouched_ops_still_pass(outcomes):
+    assert outcomes[("sigmoid", "forward")].status is Status.PASS, "backward-only fault leaves forward alone"
+    assert outcomes[("add", "forward")].status is Status.PASS
+    assert outcomes[("add", "backward")].status is Status.PASS
+
+
+def test_failures_have_reproducers(outcomes):
+    for key in [("tanh", "forward"), ("cos", "forward"), ("exp", "forward")]:
+        assert outcomes[key].repro and outcomes[key].repro.endswith("repro.py"), key
