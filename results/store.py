@@ -279,7 +279,8 @@ class ResultStore:
         p = Path(stored)
         return p if p.is_absolute() else self.folder / p
 
-    def _relative(self, path: str | None) -> str | None:
+    def relative(self, path: str | None) -> str | None:
+        """How this store records a file path: relative to the results folder when inside it."""
         if not path:
             return path
         p = Path(path)
@@ -334,12 +335,12 @@ class ResultStore:
 
     def _insert(self, build_id: str, case: Case, outcome: Outcome, *, created: float) -> None:
         record = outcome.to_dict()
-        record["repro"] = self._relative(outcome.repro)
+        record["repro"] = self.relative(outcome.repro)
         artifacts = {"repro": record["repro"]} if record["repro"] else {}
         # Executors may name further files (loss curves, logs) under evidence["artifacts"].
         extra = outcome.evidence.get("artifacts")
         if isinstance(extra, dict):
-            artifacts.update({str(k): self._relative(str(v)) for k, v in extra.items() if v})
+            artifacts.update({str(k): self.relative(str(v)) for k, v in extra.items() if v})
             record["evidence"] = {**record["evidence"], "artifacts": {k: v for k, v in artifacts.items() if k != "repro"}}
         self.conn.execute(
             "INSERT OR IGNORE INTO cases (id, kind, family, name, dtype, mode, config, title, seed) "
@@ -353,6 +354,23 @@ class ResultStore:
              json.dumps(outcome.evidence.get("metrics", {}), default=str), outcome.evidence.get("error"),
              outcome.duration_s, json.dumps(artifacts), json.dumps(record, default=str), created),
         )
+
+    def set_artifact(self, build_id: str, case_id: str, name: str, path: str) -> None:
+        """Adds an artifact written after the run (e.g. the gate's reproducer) to a recorded result."""
+        stored = self.relative(path)
+        with self._tx():
+            row = self.conn.execute("SELECT artifacts, evidence FROM results WHERE build_id=? AND case_id=?",
+                                    (build_id, case_id)).fetchone()
+            if row is None:
+                raise StoreError(f"no result for case {case_id} in build {build_id!r}")
+            artifacts, record = json.loads(row[0]), json.loads(row[1])
+            artifacts[name] = stored
+            if name == "repro":
+                record["repro"] = stored
+            else:
+                record.setdefault("evidence", {}).setdefault("artifacts", {})[name] = stored
+            self.conn.execute("UPDATE results SET artifacts=?, evidence=? WHERE build_id=? AND case_id=?",
+                              (json.dumps(artifacts), json.dumps(record, default=str), build_id, case_id))
 
     def completed(self, build_id: str) -> set[str]:
         return {r[0] for r in self.conn.execute("SELECT case_id FROM results WHERE build_id=?", (build_id,))}
@@ -402,7 +420,7 @@ class ResultStore:
     def record_rerun(self, build_id: str, case: Case, outcome: Outcome) -> int:
         """Records one rerun of a case of a build (the gate's flaky check); returns its attempt number."""
         record = outcome.to_dict()
-        record["repro"] = self._relative(outcome.repro)
+        record["repro"] = self.relative(outcome.repro)
         with self._tx():
             attempt = self.conn.execute(
                 "SELECT coalesce(max(attempt), 0) + 1 FROM reruns WHERE build_id=? AND case_id=?",
@@ -461,7 +479,7 @@ class ResultStore:
                         "SELECT case_id, attempt, evidence, created FROM reruns WHERE build_id=?", (b.id,)):
                     record = json.loads(evidence)
                     if record.get("repro"):
-                        record["repro"] = self._relative(str(self._rebase_path(other, record["repro"])))
+                        record["repro"] = self.relative(str(self._rebase_path(other, record["repro"])))
                     self._insert_rerun(b.id, case_id, attempt, record, created=created)
         return copied
 
