@@ -74,12 +74,16 @@ def modality_of(inputs: list[str], task: str) -> str:
     return "other"
 
 
-def _class(module: str, name: str):
-    try:
-        mod = importlib.import_module(module)
-        return getattr(mod, name, None)
-    except Exception:  # noqa: BLE001 - a modeling module that needs a missing package
-        return None
+def model_class(module: str, name: str):
+    """The class ``name`` from transformers or its model package; None when its import fails."""
+    for where in ("transformers", module):
+        try:
+            obj = getattr(importlib.import_module(where), name, None)
+        except Exception:  # noqa: BLE001 - a modeling module that needs a missing package
+            obj = None
+        if obj is not None:
+            return obj
+    return None
 
 
 def build_catalog() -> dict[str, Any]:
@@ -128,12 +132,16 @@ def build_catalog() -> dict[str, Any]:
         record["primary"] = primary
         record["inputs"], record["attn"], record["main_input"] = {}, {}, {}
         for task, class_name in record["tasks"].items():
-            model_cls = getattr(transformers, class_name, None) or _class(record["module"] + ".modeling_" + model_type.replace("-", "_"), class_name)
+            model_cls = model_class(record["module"], class_name)
             if model_cls is None:
                 record["inputs"][task] = []
                 continue
             try:
                 params = list(inspect.signature(model_cls.forward).parameters)
+            except ImportError as exc:  # a placeholder class for a missing backend (torchaudio ...)
+                record.setdefault("unavailable", {})[task] = " ".join(str(exc).split())
+                record["inputs"][task] = []
+                continue
             except (TypeError, ValueError):
                 params = []
             record["inputs"][task] = [p for p in params if p != "self" and p not in ("kwargs", "args")]
@@ -175,8 +183,11 @@ def _classes_by_config(module: str, config_cls: type) -> dict[str, str]:
             obj = getattr(pkg, name)
         except Exception:  # noqa: BLE001 - a lazy attribute whose import fails
             continue
-        if isinstance(obj, type) and getattr(obj, "config_class", None) is config_cls and hasattr(obj, "forward") \
-                and not name.endswith("PreTrainedModel") and "PreTrained" not in name:
+        try:
+            match = isinstance(obj, type) and getattr(obj, "config_class", None) is config_cls and hasattr(obj, "forward")
+        except ImportError:  # a placeholder class for a missing backend
+            continue
+        if match and "PreTrained" not in name:
             found.setdefault(_guess_task(name), name)
     return dict(sorted(found.items(), key=lambda kv: (kv[0] != "base", kv[0])))
 

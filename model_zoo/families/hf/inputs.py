@@ -1,0 +1,325 @@
+"""Inputs for a transformers model, from its forward signature and its (tiny) config.
+
+Each modality gets what its processor would produce: token ids that avoid
+every special id (an image placeholder drawn at random would change how many
+image features the model expects), pixel values at the config's image size,
+log-mel features or raw waveforms long enough for the feature encoder, video
+frames, time-series windows. Task heads get labels in the form their loss
+reads, so ``outputs.loss`` is the model's own loss. Family-specific inputs
+live in ``fixups.INPUTS``; this module holds the generic rules.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .shrink import SPECIAL_SPAN
+
+TEXT_LEN_DEFAULT = 16
+LM_TASKS = {"causal_lm", "masked_lm", "image_text_to_text", "multimodal_lm", "causal_image_modeling", "pretraining",
+            "vision2seq", "conditional_generation"}
+SEQ2SEQ_TASKS = {"seq_to_seq_causal_lm", "speech_seq_2_seq", "text_to_spectrogram", "text_to_waveform"}
+CLASS_TASKS = {"sequence_classification", "image_classification", "audio_classification", "video_classification",
+               "audio_xvector", "multiple_choice", "next_sentence_prediction", "time_series_classification"}
+
+
+@dataclass(slots=True, kw_only=True)
+class InputContext:
+    """What an input rule may read: the model, its config, the task, sizes and a private generator."""
+
+    model: torch.nn.Module
+    config: Any
+    task: str
+    model_type: str
+    batch: int
+    size: int
+    modality: str
+    gen: torch.Generator
+    params: dict[str, inspect.Parameter] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def accepts(self, name: str) -> bool:
+        return name in self.params or any(p.kind == p.VAR_KEYWORD for p in self.params.values()) and name in KWARGS_OK
+
+    @property
+    def text_config(self) -> Any:
+        try:
+            return self.config.get_text_config(decoder=True)
+        except Exception:  # noqa: BLE001 - configs without a text part
+            return self.config
+
+    def sub(self, *names: str) -> Any:
+        """The first sub-config among ``names`` (``vision_config`` ...), else the config itself."""
+        for name in names:
+            value = getattr(self.config, name, None)
+            if value is not None and not isinstance(value, (int, str, float, bool, dict, list)):
+                return value
+        return self.config
+
+    def randint(self, high: int, shape: tuple[int, ...], low: int = 0) -> torch.Tensor:
+        return torch.randint(low, max(low + 1, high), shape, generator=self.gen)
+
+    def randn(self, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.gen)
+
+    def tokens(self, *shape: int) -> torch.Tensor:
+        """Token ids drawn from the ordinary part of the vocabulary (no special id)."""
+        allowed = self.cache.get("allowed")
+        if allowed is None:
+            allowed = self.cache["allowed"] = allowed_tokens(self.config, self.vocab_size())
+        idx = torch.randint(0, len(allowed), shape, generator=self.gen)
+        return allowed[idx]
+
+    def vocab_size(self) -> int:
+        v = getattr(self.text_config, "vocab_size", None) or getattr(self.config, "vocab_size", None)
+        return int(v) if isinstance(v, int) and v > 0 else 256
+
+    def num_labels(self) -> int:
+        n = getattr(self.config, "num_labels", 2)
+        return int(n) if isinstance(n, int) and n > 0 else 2
+
+
+KWARGS_OK = {"attention_mask", "labels", "pixel_values", "input_ids"}
+
+
+def special_ids(config: Any) -> set[int]:
+    """Every token id a config names (``*_token_id``, ``*_token_index``, lists of them), nested configs included."""
+    found: set[int] = set()
+
+    def walk(d: Any) -> None:
+        if isinstance(d, dict):
+            for k, v in d.items():
+                lk = str(k).lower()
+                if isinstance(v, dict):
+                    walk(v)
+                elif ("token" in lk and ("id" in lk or "index" in lk)) or lk in ("pad_token_id", "bos_token_id", "eos_token_id"):
+                    if isinstance(v, int) and not isinstance(v, bool):
+                        found.add(v)
+                    elif isinstance(v, (list, tuple)):
+                        found.update(x for x in v if isinstance(x, int) and not isinstance(x, bool))
+
+    try:
+        walk(config.to_dict())
+    except Exception:  # noqa: BLE001 - a config whose to_dict fails; use attributes
+        walk({k: v for k, v in vars(config).items()})
+    return found
+
+
+def allowed_tokens(config: Any, vocab: int) -> torch.Tensor:
+    """Ids below the special span and not named by the config; at least a handful."""
+    specials = special_ids(config)
+    top = max(8, vocab - SPECIAL_SPAN) if vocab > 2 * SPECIAL_SPAN else vocab
+    ids = [i for i in range(4, top) if i not in specials]
+    if len(ids) < 4:
+        ids = [i for i in range(vocab) if i not in specials] or list(range(vocab))
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def signature_params(model: torch.nn.Module) -> dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def image_geometry(ctx: InputContext) -> tuple[int, int]:
+    """(channels, side) of the image the vision part expects."""
+    vision = ctx.sub("vision_config", "backbone_config", "encoder_config", "image_config", "vision_tower_config")
+    channels = getattr(vision, "num_channels", None) or getattr(vision, "in_channels", None) or getattr(ctx.config, "num_channels", None) or 3
+    side = getattr(vision, "image_size", None) or getattr(ctx.config, "image_size", None) or ctx.size
+    if isinstance(side, (list, tuple)):
+        side = side[0]
+    if isinstance(side, dict):
+        side = side.get("height", ctx.size)
+    return int(channels), int(side)
+
+
+def generic_inputs(ctx: InputContext) -> dict[str, Any]:
+    """Inputs for the common cases; ``fixups.INPUTS`` adjusts per family."""
+    p = ctx.params
+    out: dict[str, Any] = {}
+    b = ctx.batch
+    text_len = ctx.size if ctx.modality in ("text", "other") else TEXT_LEN_DEFAULT
+    has_text = "input_ids" in p and ctx.modality not in ("image", "audio", "video", "time_series")
+    if "past_values" in p:
+        out.update(time_series_inputs(ctx))
+    if "pixel_values" in p and ctx.modality in ("image", "image+text", "video", "video+text", "other"):
+        channels, side = image_geometry(ctx)
+        if ctx.modality.startswith("video"):
+            frames = int(getattr(ctx.sub("vision_config"), "num_frames", None) or getattr(ctx.config, "num_frames", None) or 4)
+            out["pixel_values"] = ctx.randn(b, frames, channels, side, side)
+        else:
+            out["pixel_values"] = ctx.randn(b, channels, side, side)
+    elif "pixel_values_videos" in p and ctx.modality.startswith("video"):
+        channels, side = image_geometry(ctx)
+        frames = int(getattr(ctx.config, "num_frames", None) or 4)
+        out["pixel_values_videos"] = ctx.randn(b, frames, channels, side, side)
+    if "input_values" in p and ctx.modality.startswith("audio"):
+        out["input_values"] = ctx.randn(b, waveform_length(ctx))
+    if "input_features" in p and ctx.modality.startswith("audio"):
+        bins, frames = mel_geometry(ctx)
+        out["input_features"] = ctx.randn(b, bins, frames)
+    if has_text or ("input_ids" in p and not out):
+        if "pixel_values" in out and ctx.modality == "image+text":
+            out["input_ids"] = with_image_tokens(ctx, out, text_len)
+        else:
+            out["input_ids"] = ctx.tokens(b, text_len)
+        if "attention_mask" in p:
+            out["attention_mask"] = torch.ones_like(out["input_ids"])
+    if getattr(ctx.config, "is_encoder_decoder", False) and "decoder_input_ids" in p and ctx.task not in SEQ2SEQ_TASKS | LM_TASKS:
+        out["decoder_input_ids"] = ctx.tokens(b, min(text_len, 8))
+    out.update(labels_for(ctx, out))
+    return out
+
+
+def labels_for(ctx: InputContext, inputs: dict[str, Any]) -> dict[str, Any]:
+    p, b, task = ctx.params, ctx.batch, ctx.task
+    out: dict[str, Any] = {}
+    ids = inputs.get("input_ids")
+    if task in ("multiple_choice",) and ids is not None:
+        choices = 2
+        inputs["input_ids"] = ids.unsqueeze(1).expand(b, choices, ids.shape[-1]).contiguous()
+        if "attention_mask" in inputs:
+            inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+        if "labels" in p:
+            out["labels"] = ctx.randint(choices, (b,))
+        return out
+    if "labels" not in p:
+        if task == "question_answering" and "start_positions" in p and ids is not None:
+            out["start_positions"] = ctx.randint(ids.shape[-1], (b,))
+            out["end_positions"] = ctx.randint(ids.shape[-1], (b,))
+        return out
+    if task in LM_TASKS and ids is not None and ctx.modality in ("text", "image+text", "video+text", "audio+text"):
+        labels = ids.clone()
+        allowed = ctx.cache.get("allowed")
+        if allowed is not None:  # placeholders (image tokens ...) are not predicted
+            labels[~torch.isin(labels, allowed)] = -100
+        out["labels"] = labels
+        if task == "pretraining" and "next_sentence_label" in p:
+            out["next_sentence_label"] = ctx.randint(2, (b,))
+    elif task in SEQ2SEQ_TASKS:
+        out["labels"] = ctx.tokens(b, 8)
+    elif task == "next_sentence_prediction":
+        out["labels"] = ctx.randint(2, (b,))
+    elif task in CLASS_TASKS:
+        out["labels"] = ctx.randint(ctx.num_labels(), (b,))
+    elif task == "token_classification" and ids is not None:
+        out["labels"] = ctx.randint(ctx.num_labels(), tuple(ids.shape))
+    elif task == "ctc":
+        vocab = ctx.vocab_size()
+        out["labels"] = ctx.randint(vocab, (b, 2), low=1 if vocab > 1 else 0)
+    elif task == "semantic_segmentation" and "pixel_values" in inputs:
+        side = inputs["pixel_values"].shape[-1]
+        out["labels"] = ctx.randint(ctx.num_labels(), (b, side, side))
+    return out
+
+
+def waveform_length(ctx: InputContext) -> int:
+    """Samples for ``ctx.size`` frames through the conv feature encoder (wav2vec2-style), else 16 per frame."""
+    kernels = getattr(ctx.config, "conv_kernel", None)
+    strides = getattr(ctx.config, "conv_stride", None)
+    if isinstance(kernels, (list, tuple)) and isinstance(strides, (list, tuple)) and kernels:
+        length = 1
+        for k, s in zip(reversed(kernels), reversed(strides)):
+            length = (length - 1) * s + k
+        total_stride = 1
+        for s in strides:
+            total_stride *= s
+        return int(length + total_stride * (ctx.size - 1))
+    return 100 * ctx.size
+
+
+def mel_geometry(ctx: InputContext) -> tuple[int, int]:
+    """(mel bins, frames) for ``input_features``."""
+    audio = ctx.sub("audio_config", "encoder_config", "speech_config")
+    bins = None
+    for name in ("num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels", "mel_bins", "input_dim", "num_mel_filters"):
+        for owner in (audio, ctx.config):
+            value = getattr(owner, name, None)
+            if isinstance(value, int) and value > 0:
+                bins = value
+                break
+        if bins:
+            break
+    frames = 4 * ctx.size
+    for owner in (audio, ctx.config):
+        max_source = getattr(owner, "max_source_positions", None)
+        if isinstance(max_source, int) and ctx.model_type.startswith("whisper"):
+            frames = 2 * max_source
+    return int(bins or 80), frames
+
+
+def time_series_inputs(ctx: InputContext) -> dict[str, Any]:
+    """Past (and future) values for the time-series models, with their time features and masks."""
+    c, p, b = ctx.config, ctx.params, ctx.batch
+    context = getattr(c, "context_length", None) or ctx.size
+    lags = getattr(c, "lags_sequence", None) or [0]
+    past_len = int(context + max(lags))
+    channels = getattr(c, "num_input_channels", None) or getattr(c, "input_size", None) or 1
+    shape = (b, past_len) if channels == 1 and "num_input_channels" not in vars(c) else (b, past_len, channels)
+    out: dict[str, Any] = {"past_values": ctx.randn(*shape)}
+    n_time = int(getattr(c, "num_time_features", 0) or 0)
+    if "past_time_features" in p and n_time:
+        out["past_time_features"] = ctx.randn(b, past_len, n_time)
+    if "past_observed_mask" in p:
+        out["past_observed_mask"] = torch.ones(shape)
+    pred = getattr(c, "prediction_length", None)
+    if pred and "future_values" in p:
+        fshape = (b, pred) if len(shape) == 2 else (b, pred, channels)
+        out["future_values"] = ctx.randn(*fshape)
+        if "future_time_features" in p and n_time:
+            out["future_time_features"] = ctx.randn(b, pred, n_time)
+    return out
+
+
+def count_image_features(ctx: InputContext, inputs: dict[str, Any]) -> int | None:
+    """How many placeholder tokens the images need, from the model's own ``get_image_features``."""
+    fn = getattr(ctx.model, "get_image_features", None)
+    if fn is None:
+        return None
+    hidden = getattr(ctx.text_config, "hidden_size", None)
+    kwargs = {k: v for k, v in inputs.items() if k.startswith(("pixel", "image"))}
+    try:
+        with torch.no_grad():
+            feats = fn(**kwargs)
+    except Exception:  # noqa: BLE001 - fall back to the config's count
+        return None
+    if hasattr(feats, "pooler_output") and feats.pooler_output is not None:
+        feats = feats.pooler_output
+    elif hasattr(feats, "last_hidden_state"):
+        feats = feats.last_hidden_state
+    tensors = [feats] if isinstance(feats, torch.Tensor) else [t for t in (feats if isinstance(feats, (list, tuple)) else []) if isinstance(t, torch.Tensor)]
+    if not tensors or not hidden:
+        return None
+    total = sum(t.numel() for t in tensors) // hidden
+    return max(1, total // ctx.batch)
+
+
+def image_token_id(config: Any) -> int | None:
+    for name in ("image_token_id", "image_token_index", "img_token_id", "image_token"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def with_image_tokens(ctx: InputContext, inputs: dict[str, Any], text_len: int) -> torch.Tensor:
+    """Token ids with each sample's image placeholders first, then text."""
+    token = image_token_id(ctx.config)
+    if token is None:
+        return ctx.tokens(ctx.batch, text_len)
+    n = count_image_features(ctx, inputs)
+    if n is None:
+        for name in ("image_seq_length", "num_image_tokens", "mm_tokens_per_image", "image_seq_len", "num_query_tokens"):
+            value = getattr(ctx.config, name, None)
+            if isinstance(value, int) and value > 0:
+                n = value
+                break
+    n = n or 1
+    ids = ctx.tokens(ctx.batch, text_len)
+    placeholders = torch.full((ctx.batch, n), token, dtype=torch.long)
+    return torch.cat([placeholders, ids], dim=1)
