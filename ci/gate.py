@@ -37,7 +37,7 @@ class GateOptions:
     timeout_s: float = 300.0  # per rerun
     allow_missing: bool = False
     expectations: Expectations | None = None
-    write_repros: bool = True
+    write_repros: bool = True  # reruns write reproducers regardless; this adds them where every run crashed
 
     def __post_init__(self) -> None:
         for name in ("reruns", "max_reruns"):
@@ -99,6 +99,7 @@ def _rerun_and_reproduce(store, report: GateReport, candidates: list[CaseChange]
     options, build = report.options, report.build
     settings = settings_for_build(
         build.manifest, timeout_s=options.timeout_s,
+        # Per build: reproducers are named by case id, which every build shares.
         artifacts_dir=str(store.folder / "artifacts" / "gate" / slug(build.id)),
     )
     runner = FreshProcessRunner(settings, jobs=options.jobs)
@@ -117,8 +118,7 @@ def _rerun_and_reproduce(store, report: GateReport, candidates: list[CaseChange]
         if len(rerunnable) > len(chosen):
             report.notes.append(f"{len(rerunnable) - len(chosen)} regressions were not rerun (over --max-reruns "
                                 f"{options.max_reruns}); they count as regressions")
-        queue = deque(FreshJob(case=c.case, attempt=1, write_repro=options.write_repros and not c.repro)
-                      for c in chosen)
+        queue = deque(FreshJob(case=c.case, attempt=1) for c in chosen)
         try:
             for job, outcome in runner.run(queue):
                 case_id = job.case.id
@@ -128,9 +128,7 @@ def _rerun_and_reproduce(store, report: GateReport, candidates: list[CaseChange]
                     repros[case_id] = store.relative(outcome.repro)
                 hooks.call("gate_rerun", change=by_id[case_id], attempt=job.attempt, outcome=outcome)
                 if outcome.status is not Status.PASS and job.attempt < options.reruns:
-                    queue.append(FreshJob(case=job.case, attempt=job.attempt + 1,
-                                          write_repro=options.write_repros and case_id not in repros
-                                          and not by_id[case_id].repro))
+                    queue.append(FreshJob(case=job.case, attempt=job.attempt + 1))
         except ExecutorError as exc:
             report.notes.append(f"reruns stopped: {exc}; cases not rerun count as regressions")
 
@@ -138,6 +136,7 @@ def _rerun_and_reproduce(store, report: GateReport, candidates: list[CaseChange]
         change = report.comparison.get(change.case_id)
         seen = tuple(statuses[change.case_id])
         verdict = Verdict.FLAKY if Status.PASS in seen else Verdict.REGRESSION
+        # The original run's reproducer first: it is the failure the gate reports.
         report.comparison.replace(change, verdict=verdict, reruns=seen,
                                   repro=change.repro or repros.get(change.case_id))
 

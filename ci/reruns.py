@@ -6,8 +6,9 @@ others (a race in the runtime, a device left in a bad state, the emulator's
 ``p=`` faults) is told apart from a real regression only by running the case
 again in a process that shares nothing with the one that failed. So each job
 here gets a process of its own, with the same crash and timeout isolation as
-the pool. The process that saw a failure also writes its reproducer, with the
-very environment that failed.
+the pool. The process that saw a failure also writes its reproducer (the
+worker's ``execute`` does so for every failing case), with the very
+environment that failed.
 
 Reruns rebuild the build's environment from its manifest (target, reference,
 backend modules, and the environment variables that shape the backend), not
@@ -38,12 +39,11 @@ PLACEMENT_ENV = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "CUDA_VISIBLE
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FreshJob:
-    """Run ``case`` (and write its reproducer if it fails and ``write_repro``), or, given
-    ``outcome``, only write the reproducer of that outcome."""
+    """Run ``case`` (a failing run writes its reproducer), or, given ``outcome``, only write
+    the reproducer of that outcome (for a case whose every run crashed before writing one)."""
 
     case: Case
     attempt: int = 0
-    write_repro: bool = False
     outcome: Outcome | None = None
 
 
@@ -82,12 +82,10 @@ def _fresh_main(conn, settings: RunSettings, job: dict) -> None:
         return
     conn.send(("ready", None))
     case = Case.from_dict(job["case"])
-    if job["outcome"] is not None:
-        outcome, wanted = Outcome.from_dict(job["outcome"]), True
-    else:
+    if job["outcome"] is None:
         outcome = execute(case, ctx)
-        wanted = job["write_repro"] and outcome.failed
-    if wanted:
+    else:
+        outcome = Outcome.from_dict(job["outcome"])
         try:
             outcome.repro = write_repro(case, outcome, ctx)
         except Exception as exc:  # noqa: BLE001 - a failed reproducer must not hide the outcome
@@ -117,8 +115,7 @@ class FreshProcessRunner:
 
     def _start(self, job: FreshJob) -> _Running:
         parent, child = self._ctx.Pipe()
-        payload = {"case": job.case.to_dict(), "write_repro": job.write_repro,
-                   "outcome": job.outcome.to_dict() if job.outcome else None}
+        payload = {"case": job.case.to_dict(), "outcome": job.outcome.to_dict() if job.outcome else None}
         process = self._ctx.Process(target=_fresh_main, args=(child, self.settings, payload), daemon=True)
         process.start()
         child.close()

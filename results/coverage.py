@@ -1,0 +1,227 @@
+"""Coverage figures of one build, from its result rows: the numbers a dashboard leads with.
+
+Two headlines, in the form backend coverage is usually quoted ("89% of the
+top-100 text-generation architectures"):
+
+- operators: the share of op x dtype pairs that pass, where a pair passes
+  when every case of it (forward and backward) passes;
+- models: per family, the share of architectures that pass forward (mode
+  ``eval``), backward (``train``: one step with gradients) and training
+  (``stepsK``: K optimizer steps). An architecture passes a column when it
+  has cases in that mode and all of them pass; a family with no case in a
+  mode shows "not run" there rather than 0%.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from conformance.outcome import FAILING, Status
+
+COLUMNS = ("forward", "backward", "training")
+
+
+def model_column(mode: str) -> str | None:
+    if mode == "eval":
+        return "forward"
+    if mode == "train":
+        return "backward"
+    if mode.startswith("steps"):
+        return "training"
+    return None
+
+
+def op_key(row) -> str:
+    return f"{row.name}.{row.family}" if row.family else row.name
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rate:
+    passed: int
+    total: int
+
+    @property
+    def percent(self) -> float | None:
+        return 100.0 * self.passed / self.total if self.total else None
+
+    def __str__(self) -> str:
+        p = self.percent
+        return "not run" if p is None else f"{p:.1f}% ({self.passed} / {self.total})"
+
+
+@dataclass(kw_only=True)
+class Cell:
+    """One op x dtype pair (or one architecture x column): the statuses of its cases, by mode."""
+
+    statuses: dict[str, Status] = field(default_factory=dict)  # mode -> status
+    case_ids: dict[str, str] = field(default_factory=dict)  # mode -> case id
+
+    @property
+    def state(self) -> str:
+        """pass | fail | partial | skip: what colour the cell gets."""
+        values = list(self.statuses.values())
+        if not values:
+            return "none"
+        if all(s is Status.PASS for s in values):
+            return "pass"
+        if all(s in FAILING for s in values):
+            return "fail"
+        if any(s is Status.PASS for s in values):
+            return "partial"
+        if any(s in FAILING for s in values):
+            return "fail"
+        return "skip"
+
+    @property
+    def passes(self) -> bool:
+        return self.state == "pass"
+
+    @property
+    def judged(self) -> bool:
+        return self.state != "skip"
+
+    def describe(self) -> str:
+        return ", ".join(f"{m}: {s.value}" for m, s in sorted(self.statuses.items()))
+
+
+@dataclass(kw_only=True)
+class OpMatrix:
+    dtypes: list[str]
+    ops: list[str]
+    cells: dict[tuple[str, str], Cell]
+
+    @property
+    def pairs(self) -> Rate:
+        judged = [c for c in self.cells.values() if c.judged]
+        return Rate(passed=sum(c.passes for c in judged), total=len(judged))
+
+
+def op_matrix(rows: Iterable) -> OpMatrix:
+    cells: dict[tuple[str, str], Cell] = {}
+    for r in rows:
+        if r.kind != "op":
+            continue
+        cell = cells.setdefault((op_key(r), r.dtype or "-"), Cell())
+        cell.statuses[r.mode or "-"] = r.status
+        cell.case_ids[r.mode or "-"] = r.case_id
+    return OpMatrix(dtypes=sorted({d for _, d in cells}), ops=sorted({o for o, _ in cells}), cells=cells)
+
+
+@dataclass(kw_only=True)
+class Architecture:
+    family: str
+    name: str
+    columns: dict[str, Cell] = field(default_factory=dict)  # forward/backward/training -> cell (mode x dtype)
+
+
+@dataclass(kw_only=True)
+class FamilyCoverage:
+    family: str
+    architectures: list[Architecture]
+
+    def rate(self, column: str) -> Rate:
+        ran = [a for a in self.architectures if column in a.columns]
+        if not ran:
+            return Rate(passed=0, total=0)
+        return Rate(passed=sum(a.columns[column].passes for a in ran), total=len(self.architectures))
+
+
+def model_families(rows: Iterable) -> list[FamilyCoverage]:
+    archs: dict[tuple[str, str], Architecture] = {}
+    for r in rows:
+        if r.kind != "model":
+            continue
+        column = model_column(r.mode)
+        arch = archs.setdefault((r.family, r.name), Architecture(family=r.family, name=r.name))
+        if column is None:
+            continue
+        cell = arch.columns.setdefault(column, Cell())
+        key = f"{r.mode}/{r.dtype}" if r.dtype else r.mode
+        cell.statuses[key] = r.status
+        cell.case_ids[key] = r.case_id
+    families: dict[str, list[Architecture]] = {}
+    for (family, _), arch in sorted(archs.items()):
+        families.setdefault(family, []).append(arch)
+    return [FamilyCoverage(family=f or "-", architectures=a) for f, a in families.items()]
+
+
+@dataclass(kw_only=True)
+class Headline:
+    ops: Rate
+    op_cases: Rate
+    families: list[FamilyCoverage]
+    counts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def headline(rows: list) -> Headline:
+    ops = [r for r in rows if r.kind == "op"]
+    judged = [r for r in ops if r.status is not Status.SKIP]
+    return Headline(
+        ops=op_matrix(ops).pairs,
+        op_cases=Rate(passed=sum(r.status is Status.PASS for r in judged), total=len(judged)),
+        families=model_families(rows),
+        counts=dict(Counter(r.status.value for r in rows)),
+    )
+
+
+# ---------------------------------------------------------------- errors
+_NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_PATH = re.compile(r"(?:/[\w.-]+){2,}")
+_TUPLE = re.compile(r"\((?:N,\s*)+N?\)")
+_MORE = re.compile(r"\s*\(\+N more samples?\)")
+_SPEC = re.compile(r"\s*\[TensorSpec\(.*?\)\]")
+_SPACE = re.compile(r"\s+")
+SIGNATURE_CHARS = 160
+
+
+def error_signature(message: str) -> str:
+    """A message with its particulars (numbers, addresses, paths, sample indices) taken out, so that
+    failures with one cause group together: "sample 3: ... 37 / 4096 ..." and "sample 0: ... 2 / 9 ..."
+    are the same error."""
+    text = (message or "").strip().splitlines()[0] if message else ""
+    text = re.sub(r"^sample \d+:\s*", "", text)
+    text = _SPEC.sub("", text)
+    text = _HEX.sub("0x…", text)
+    text = _PATH.sub("…", text)
+    text = _NUMBER.sub("N", text)
+    text = _TUPLE.sub("(…)", text)
+    text = _MORE.sub("", text)
+    text = text.split(";")[0]
+    text = _SPACE.sub(" ", text).strip()
+    return text[:SIGNATURE_CHARS] or "(no message)"
+
+
+@dataclass(kw_only=True)
+class ErrorGroup:
+    status: str
+    signature: str
+    count: int = 0
+    example: str = ""
+    example_case: str = ""  # case id
+    names: Counter = field(default_factory=Counter)
+
+    @property
+    def top_names(self) -> list[tuple[str, int]]:
+        return self.names.most_common(6)
+
+
+def error_groups(rows: Iterable, *, limit: int = 30) -> list[ErrorGroup]:
+    groups: dict[tuple[str, str], ErrorGroup] = {}
+    for r in rows:
+        if r.status not in FAILING:
+            continue
+        key = (r.status.value, error_signature(r.message))
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = ErrorGroup(status=key[0], signature=key[1], example=r.message, example_case=r.case_id)
+        group.count += 1
+        group.names[op_key(r) if r.kind == "op" else f"{r.family}/{r.name}"] += 1
+    return sorted(groups.values(), key=lambda g: (-g.count, g.status, g.signature))[:limit]

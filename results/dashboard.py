@@ -1,0 +1,286 @@
+"""Per-build dashboards: a static, self-contained HTML site.
+
+``write_dashboard`` writes ``index.html`` plus the files it shows (loss
+curves, reproducers) into one folder: no network, no server, no script, so
+the folder can be published as a CI artifact or opened from disk. Everything
+that comes from results (case names, error messages, build ids) is escaped
+by Jinja2's autoescape; nothing is marked safe. Images a run wrote (SVG
+included) are shown through ``<img>``, where a script inside them cannot run.
+
+Sections: the headline (op x dtype pass rate; architectures passing
+forward, backward and training, per family), regressions and fixes against
+a baseline (through ci.compare, so the dashboard and the gate agree), the
+trend over every build in the store, the op x dtype matrix, the model-family
+table, the most common errors, grouped, the failing cases with links to
+their reproducers, and the loss curves.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+from conformance.outcome import FAILING
+
+from .coverage import COLUMNS, Headline, error_groups, headline, model_families, op_matrix
+
+IMAGE_SUFFIXES = (".png", ".svg", ".jpg", ".jpeg", ".gif", ".webp")
+REPRO_BUDGET_BYTES = 200 * 2**20  # reproducers copied into the site, at most (inputs can be large)
+MAX_FAILURE_ROWS = 2000
+SERIES_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+
+
+@dataclass(kw_only=True)
+class Point:
+    x: float
+    y: float
+    label: str
+
+
+@dataclass(kw_only=True)
+class Series:
+    name: str
+    colour: str
+    points: list[Point]
+
+    @property
+    def polyline(self) -> str:
+        return " ".join(f"{p.x:.1f},{p.y:.1f}" for p in self.points)
+
+
+@dataclass(kw_only=True)
+class Chart:
+    """A line chart of pass rates (0-100%) over builds, drawn as inline SVG by the template."""
+
+    width: int
+    height: int
+    left: int
+    top: int
+    plot_w: int
+    plot_h: int
+    series: list[Series]
+    xlabels: list[Point]
+    yticks: list[Point]
+    current_x: float | None = None
+
+
+def trend_chart(trend: list[tuple[object, Headline]], current: str) -> Chart:
+    width, height, left, top, right, bottom = 860, 300, 48, 12, 200, 70
+    plot_w, plot_h = width - left - right, height - top - bottom
+    n = len(trend)
+
+    def x(i: int) -> float:
+        return left + (plot_w * i / (n - 1) if n > 1 else plot_w / 2)
+
+    def y(percent: float) -> float:
+        return top + plot_h * (1 - percent / 100.0)
+
+    named: dict[str, list[Point]] = {}
+    for i, (build, h) in enumerate(trend):
+        values = [("op x dtype pairs", h.ops)]
+        for fam in h.families:
+            values += [(f"{fam.family} {c}", fam.rate(c)) for c in COLUMNS]
+        for name, rate in values:
+            if rate.percent is not None:
+                named.setdefault(name, []).append(
+                    Point(x=x(i), y=y(rate.percent), label=f"{build.id}: {name} {rate}"))
+    series = [Series(name=k, colour=SERIES_COLOURS[j % len(SERIES_COLOURS)], points=v)
+              for j, (k, v) in enumerate(named.items())]
+    step = max(1, n // 12)
+    xlabels = [Point(x=x(i), y=top + plot_h + 14, label=b.id) for i, (b, _) in enumerate(trend) if i % step == 0 or i == n - 1]
+    yticks = [Point(x=left - 6, y=y(p), label=f"{p}%") for p in (0, 25, 50, 75, 100)]
+    current_x = next((x(i) for i, (b, _) in enumerate(trend) if b.id == current), None)
+    return Chart(width=width, height=height, left=left, top=top, plot_w=plot_w, plot_h=plot_h, series=series,
+                 xlabels=xlabels, yticks=yticks, current_x=current_x)
+
+
+@dataclass(kw_only=True)
+class Image:
+    src: str  # relative URL inside the site
+    caption: str
+
+
+@dataclass(kw_only=True)
+class Failure:
+    case_id: str
+    title: str
+    status: str
+    message: str
+    repro: str | None  # relative URL inside the site, or None
+    repro_note: str = ""
+
+
+@dataclass(kw_only=True)
+class TrendRow:
+    build: object
+    headline: Headline
+    current: bool
+
+
+@dataclass(kw_only=True)
+class Page:
+    build: object
+    baseline: object | None
+    generated: str
+    results: str
+    headline: Headline
+    matrix: object
+    families: list
+    comparison: object | None
+    trend: list[TrendRow]
+    chart: Chart | None
+    errors: list
+    failures: list[Failure]
+    failures_total: int
+    images: list[Image]
+    columns: tuple[str, ...] = COLUMNS
+    repro_links: dict[str, str] = field(default_factory=dict)  # case id -> reproducer inside the site
+
+
+class _Copier:
+    """Copies files into the site under collision-free, harmless names."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.copied_bytes = 0
+
+    def copy(self, source: Path, folder: str) -> str:
+        digest = hashlib.sha1(str(source.resolve()).encode()).hexdigest()[:10]
+        safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in source.name)[-80:]
+        target = self.out / folder / f"{digest}-{safe}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        self.copied_bytes += target.stat().st_size
+        return quote(f"{folder}/{target.name}")
+
+    def copy_repro(self, script: Path, case_id: str) -> str | None:
+        """The reproducer's folder (script and saved inputs), if it fits the site's budget."""
+        files = [p for p in script.parent.iterdir() if p.is_file()]
+        size = sum(p.stat().st_size for p in files)
+        if self.copied_bytes + size > REPRO_BUDGET_BYTES:
+            return None
+        folder = self.out / "repro" / "".join(ch for ch in case_id if ch.isalnum())
+        folder.mkdir(parents=True, exist_ok=True)
+        for p in files:
+            shutil.copyfile(p, folder / p.name)
+        self.copied_bytes += size
+        return quote(f"repro/{folder.name}/{script.name}")
+
+
+def _images(store, build_id: str, copier: _Copier) -> list[Image]:
+    """Loss curves: images this build's results name, then the ones under artifacts/curves/ that no other
+    build claims."""
+    images, seen = [], set()
+    claimed_by_others = set()
+    for b in store.builds():
+        for row in store.conn.execute("SELECT case_id, artifacts FROM results WHERE build_id=? AND artifacts != '{}'",
+                                      (b.id,)):
+            for name, stored in json.loads(row[1]).items():
+                path = store.artifact(stored)
+                if path.suffix.lower() not in IMAGE_SUFFIXES:
+                    continue
+                if b.id != build_id:
+                    claimed_by_others.add(path.resolve())
+                    continue
+                if path.is_file() and path.resolve() not in seen:
+                    seen.add(path.resolve())
+                    result = store.result(build_id, row[0])
+                    caption = f"{result.title if result else row[0]}: {name}"
+                    images.append(Image(src=copier.copy(path, "curves"), caption=caption))
+    curves = store.folder / "artifacts" / "curves"
+    if curves.is_dir():
+        for path in sorted(curves.rglob("*")):
+            if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
+                resolved = path.resolve()
+                if resolved in seen or resolved in claimed_by_others:
+                    continue
+                seen.add(resolved)
+                images.append(Image(src=copier.copy(path, "curves"), caption=str(path.relative_to(curves))))
+    return images
+
+
+def _failures(store, build_id: str, copier: _Copier) -> tuple[list[Failure], int]:
+    reruns = store.reruns(build_id)
+    failures, total = [], 0
+    for row in store.results(build_id, statuses=FAILING):
+        total += 1
+        if len(failures) >= MAX_FAILURE_ROWS:
+            continue
+        stored = row.outcome.repro or next((r.outcome.repro for r in reversed(reruns.get(row.outcome.case_id, []))
+                                            if r.outcome.repro), None)
+        link, note = None, ""
+        if stored:
+            path = store.artifact(stored)
+            if path.is_file():
+                link = copier.copy_repro(path, row.outcome.case_id)
+                note = "" if link else f"not copied (over the site's size budget): {path}"
+            else:
+                note = f"missing: {path}"
+        failures.append(Failure(case_id=row.outcome.case_id, title=row.title, status=row.outcome.status.value,
+                                message=row.outcome.message, repro=link, repro_note=note))
+    return failures, total
+
+
+def collect(store, *, build: str, baseline: str | None, out: Path) -> Page:
+    from ci.compare import compare_builds, flaky_from_reruns
+
+    info = store.build(build)
+    base = store.build(baseline) if baseline else None
+    rows = store.statuses(build)
+    copier = _Copier(out)
+    comparison = None
+    if base is not None:
+        comparison = compare_builds(store, build, baseline)
+        flaky_from_reruns(comparison, store.reruns(build))
+    trend = [TrendRow(build=b, headline=headline(store.statuses(b.id)) if b.id != build else None, current=b.id == build)
+             for b in store.builds()]
+    current = headline(rows)
+    for t in trend:
+        if t.current:
+            t.headline = current
+    failures, failures_total = _failures(store, build, copier)
+    page = Page(
+        build=info, baseline=base, generated=datetime.datetime.now().isoformat(timespec="seconds"),
+        results=str(store.path), headline=current, matrix=op_matrix(rows), families=model_families(rows),
+        comparison=comparison, trend=trend,
+        chart=trend_chart([(t.build, t.headline) for t in trend], build) if trend else None,
+        errors=error_groups(rows), failures=failures, failures_total=failures_total,
+        images=_images(store, build, copier),
+    )
+    page.repro_links = {f.case_id: f.repro for f in failures if f.repro}
+    return page
+
+
+def _environment():
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(Path(__file__).with_name("templates"))),
+        autoescape=True,  # every template, whatever its name: results are untrusted text
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["pct"] = lambda rate: "–" if rate.percent is None else f"{rate.percent:.1f}%"
+    env.filters["datetime"] = lambda t: datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")
+    env.filters["status"] = lambda s: "none" if s is None else s.value
+    return env
+
+
+def render(page: Page) -> str:
+    return _environment().get_template("dashboard.html.j2").render(page=page)
+
+
+def write_dashboard(store, *, build: str, baseline: str | None, out: str | Path) -> Path:
+    """Writes the site into ``out`` and returns the path of its index.html."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    page = collect(store, build=build, baseline=baseline, out=out)
+    index = out / "index.html"
+    index.write_text(render(page), encoding="utf-8")
+    return index
