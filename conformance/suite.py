@@ -27,6 +27,7 @@ class SuiteSummary:
     skipped_resume: int
     counts: dict[str, int] = field(default_factory=dict)
     by_dtype: dict[str, dict[str, int]] = field(default_factory=dict)
+    by_family: dict[str, dict[str, int]] = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -98,7 +99,8 @@ def run_suite(
             continue
         status = row.outcome.status.value
         summary.counts[status] = summary.counts.get(status, 0) + 1
-        per = summary.by_dtype.setdefault(row.case.dtype or "-", {})
-        per[status] = per.get(status, 0) + 1
+        for table, key in ((summary.by_dtype, row.case.dtype), (summary.by_family, row.case.family or row.case.name)):
+            per = table.setdefault(key or "-", {})
+            per[status] = per.get(status, 0) + 1
     summary.seconds = time.perf_counter() - start
     return summary

@@ -23,12 +23,12 @@ from .settings import RunSettings
 # How each case kind is executed: "module:function" taking (case, context).
 KIND_EXECUTORS = {
     "op": "op_tests.execute:execute_op_case",
-    "model": "model_zoo.execute:execute_model_case",
+    "model": "conformance.model_case:execute_model_case",
     "script": "conformance.script_case:execute_script_case",
 }
 KIND_REPRO_WRITERS = {
     "op": "op_tests.execute:write_op_repro",
-    "model": "model_zoo.execute:write_model_repro",
+    "model": "conformance.model_case:write_model_repro",
 }
 
 

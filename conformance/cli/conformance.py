@@ -93,8 +93,8 @@ def _run(args, cases, *, kind_label: str, timeout: float, group: str = "dtype") 
             )
     if summary.skipped_resume:
         console.print(f"resumed: {summary.skipped_resume} cases already had results")
-    console.print(summary_table(f"{kind_label}: {target.describe()} (build {build})", summary.counts,
-                                summary.by_dtype, group))
+    groups = summary.by_family if group == "family" else summary.by_dtype
+    console.print(summary_table(f"{kind_label}: {target.describe()} (build {build})", summary.counts, groups, group))
     console.print(f"{summary.ran} cases ran in {summary.seconds:.1f} s; target: {target.describe()}")
     return EXIT_FINDINGS if summary.failures else EXIT_OK
 
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Modules that add subcommands: each has register(subparsers).
-COMMAND_MODULES: tuple[str, ...] = ("commands_ci",)
+COMMAND_MODULES: tuple[str, ...] = ("commands_ci", "commands_models")
 _EXTRA_COMMANDS: list = []
 
 
