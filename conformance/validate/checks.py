@@ -1,0 +1,378 @@
+"""The migration checks: findings from the observations the child processes made.
+
+Each ``check_*`` function reads one part of the observations and returns its
+findings; :func:`run_checks` runs them all in a fixed order. Keeping them
+pure (observations in, findings out) lets a report be rebuilt from its JSON
+and two reports be compared without running anything again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from diff.curves import CurveComparison, CurveTolerance, LossCurve, compare_curves
+
+from .explain import explain
+from .verdict import Finding
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckContext:
+    target: str  # e.g. "neuron (emulated) (torch.compile)"
+    reference: str
+    device: str  # device type of the target, e.g. "neuron"
+    mode: str
+    emulated: bool
+    curve_tolerance: CurveTolerance = CurveTolerance()
+
+
+def _where(source: dict | None) -> str | None:
+    return source.get("text") if source else None
+
+
+# ---------------------------------------------------------------- runs
+def check_runs(obs: dict, ctx: CheckContext) -> list[Finding]:
+    tgt, ref = obs.get("target", {}), obs.get("reference", {})
+    if tgt.get("crash"):
+        return [Finding(check="runs", severity="error", title=f"crashes on the target: {tgt['crash']}",
+                        detail="The child process running the target died; the reference side ran.",
+                        hint="rerun with --verbose and look at the work folder's stderr.txt")]
+    error = tgt.get("error")
+    if error:
+        detail = []
+        if error.get("phase"):
+            detail.append(f"phase: {error['phase']}")
+        if error.get("module"):
+            detail.append(f"module: {error['module']}")
+        if error.get("op"):
+            detail.append(f"op: {error['op']}")
+        hint = ""
+        message = error.get("message", "")
+        if "not currently implemented for the neuron device" in message or "unsupported" in message.lower():
+            hint = "the op has no device kernel and no host fallback: replace it or run it on the CPU explicitly"
+        return [Finding(check="runs", severity="error", title=f"fails on the target: {message}",
+                        where=_where(error.get("source")), detail="; ".join(detail), hint=hint,
+                        data={"error": {k: v for k, v in error.items() if k != "traceback"}})]
+    return [Finding(check="runs", severity="info",
+                    title=f"runs on {ctx.target} ({tgt.get('seconds', 0):.1f} s) and on {ctx.reference} "
+                          f"({ref.get('seconds', 0):.1f} s)")]
+
+
+# ---------------------------------------------------------------- numerics
+def _growth(layers: list[dict]) -> str:
+    forward = [x for x in layers if x["phase"] == "forward"]
+    bad = next((x for x in forward if not x["ok"]), None)
+    if bad is None or not forward:
+        return ""
+    last = forward[-1]
+    fmt = lambda v: "n/a" if v is None else f"{v:.2g}"  # noqa: E731
+    return (f"relative error {fmt(bad['rel_error'])} at {bad['label']} (the reference's own: "
+            f"{fmt(bad['reference_rel_error'])}), {fmt(last['rel_error'])} at the output {last['label']}")
+
+
+def check_numerics(obs: dict, ctx: CheckContext) -> list[Finding]:
+    loc = obs.get("localization")
+    findings: list[Finding] = []
+    if obs.get("localization_error"):
+        findings.append(Finding(check="numerics", severity="warning", subject="localisation",
+                                title=f"layers not compared: {obs['localization_error']}"))
+    if not loc or loc.get("target_failure"):
+        return findings
+    compiled = obs.get("compiled") or {}
+    compiled_ok = all((compiled.get(k) or {"ok": True})["ok"] for k in ("outputs", "gradients"))
+    deterministic = loc.get("reference_deterministic", True)
+    if not deterministic:
+        findings.append(Finding(check="determinism", severity="warning",
+                                title="the reference is not deterministic: two CPU runs of the same inputs differ",
+                                hint="random ops in forward (dropout is neutralised) make values incomparable; "
+                                     "seed them or compare with the loss curves only"))
+    leaves = (loc.get("outputs") or {}).get("leaves", 0)
+    if loc["ok"] and compiled_ok:
+        what = "eager and compiled " if compiled else ""
+        grads = (loc.get("gradients") or {}).get("leaves")
+        findings.append(Finding(check="numerics", severity="info",
+                                title=f"{what}outputs ({leaves}) and gradients ({grads or 0}) match the reference "
+                                      "(float64 golden rule, model tolerances)"))
+        return findings
+    if loc["ok"] and not compiled_ok:
+        bad = compiled["outputs"] if not compiled["outputs"]["ok"] else compiled["gradients"]
+        first = bad["mismatches"][0] if bad["mismatches"] else {"path": "", "message": ""}
+        narrowed = bool((obs.get("target", {}).get("compile") or {}).get("narrowing_losses"))
+        findings.append(Finding(
+            check="numerics", severity="error", subject="compiled",
+            title="compiled outputs differ from the reference while eager matches: the difference comes from compilation",
+            detail=f"{first['path']}: {first['message']}",
+            hint=("64-bit graph inputs changed when narrowed to 32 bits (see wide-dtypes)" if narrowed else
+                  "compare the compiled graph op by op (TORCH_COMPILE_DEBUG=1) or run the layer in eager mode"),
+        ))
+        return findings
+    ops = loc.get("ops") or {}
+    op = ops.get("first")
+    first_layer = loc.get("first_forward") or loc.get("first_backward") or {}
+    culprit = loc.get("culprit") or first_layer.get("module", "?")
+    manifest = (obs.get("manifest") or {}).get("target")
+    expl = explain(op["op"], op.get("scale_error"), manifest) if op else None
+    layer_type = next((x["type"] for x in loc["layers"] if x["module"] == culprit), "")
+    pass_ = first_layer.get("phase", "forward")
+    if op:
+        title = (f"{'outputs' if pass_ == 'forward' else 'gradients'} differ from the reference: first diverging "
+                 f"layer {culprit}{f' ({layer_type})' if layer_type else ''}, op {op['op']}")
+    else:
+        title = (f"{'outputs' if pass_ == 'forward' else 'gradients'} differ from the reference: first diverging "
+                 f"layer {first_layer.get('label', culprit)}")
+    detail = []
+    for key in ("outputs", "gradients"):
+        cmp = loc.get(key)
+        if cmp and not cmp["ok"] and cmp["mismatches"]:
+            m = cmp["mismatches"][0]
+            more = len(cmp["mismatches"]) - 1
+            detail.append(f"{m['path']}: {m['message']}" + (f" (+{more} more)" if more > 0 else ""))
+    growth = _growth(loc["layers"])
+    if growth:
+        detail.append(growth)
+    if first_layer and first_layer.get("module") != culprit:
+        detail.append(f"first diverging {'output' if pass_ == 'forward' else 'gradient'}: {first_layer['label']}")
+    if op:
+        detail.append(f"op {op['op']} (#{op['index']} of the layer, run alone with the reference's inputs): {op['message']}")
+    if ops.get("note"):
+        detail.append(ops["note"])
+    if not compiled_ok:
+        detail.append("the compiled model differs as well")
+    severity = "warning" if (expl is not None or not deterministic) else "error"
+    hint = expl.text if expl else (
+        f"the target computes {op['op']} differently from the CPU beyond its precision: check this op alone "
+        f"(neuron-conformance ops --ops {op['op'].removeprefix('aten::')})" if op else
+        "no single op explains it: the error accumulates inside the layer")
+    findings.append(Finding(
+        check="numerics", severity=severity, subject=f"{culprit}:{op['op'] if op else ''}", title=title,
+        where=_where(op.get("source")) if op else None, detail="\n".join(detail), hint=hint,
+        data={"culprit": culprit, "op": op["op"] if op else None, "phase": pass_,
+              "explained_by": expl.feature if expl else None},
+    ))
+    return findings
+
+
+# ---------------------------------------------------------------- host fallback
+def check_fallback(obs: dict, ctx: CheckContext) -> list[Finding]:
+    ops = obs.get("target", {}).get("fallback_ops") or []
+    sources = obs.get("op_sources") or {}
+    findings = []
+    for op in ops:
+        where = sources.get(op, [])
+        findings.append(Finding(
+            check="host-fallback", severity="warning", subject=op,
+            title=f"{op} ran on the host (CPU fallback) instead of the device",
+            where=where[0] if where else None,
+            detail=("also at " + ", ".join(where[1:])) if len(where) > 1 else "",
+            hint="each call copies its inputs to the host and the result back; keep it out of the hot loop, "
+                 "or replace it with ops the device implements",
+        ))
+    return findings
+
+
+# ---------------------------------------------------------------- placement
+def check_placement(obs: dict, ctx: CheckContext) -> list[Finding]:
+    findings: list[Finding] = []
+    events = obs.get("placement_events") or []
+    created = [e for e in events if e["kind"] == "cpu_tensor"]
+    for e in events:
+        where = _where(e.get("source"))
+        count = f" ({e['count']} times)" if e.get("count", 1) > 1 else ""
+        if e["kind"] == "mixed":
+            origin = next((c for c in created if c.get("module") == e.get("module")), created[0] if created else None)
+            hint = (f"the CPU tensor comes from {origin['op']} at {_where(origin.get('source'))}: create it with "
+                    "device=<input>.device" if origin else "move the tensor to the device, or create it there")
+            findings.append(Finding(
+                check="placement", severity="error", subject=f"mixed:{e['op']}:{where}",
+                title=f"{e['op']} mixes a CPU tensor with {ctx.device} tensors in forward{count}",
+                where=where, detail=("a real device raises 'Expected all tensors to be on the same device'"
+                                     + ("; the emulated device copies silently" if ctx.emulated else "")
+                                     + (f"; module {e['module']}" if e.get("module") else "")),
+                hint=hint))
+        elif e["kind"] == "cpu_tensor":
+            findings.append(Finding(
+                check="placement", severity="warning", subject=f"cpu_tensor:{e['op']}:{where}",
+                title=f"tensor created on the CPU during forward: {e['op']}{count}", where=where,
+                detail=f"module {e['module']}" if e.get("module") else "",
+                hint="pass device=<input>.device when creating it, or register it once as a buffer"))
+        elif e["kind"] == "to_host":
+            findings.append(Finding(
+                check="placement", severity="warning", subject=f"to_host:{e['op']}:{where}",
+                title=f"device-to-host copy during forward{count}", where=where,
+                hint="each copy waits for the device (.item(), .cpu(), printing a tensor): keep it out of forward"))
+        elif e["kind"] == "to_device":
+            findings.append(Finding(
+                check="placement", severity="warning", subject=f"to_device:{e['op']}:{where}",
+                title=f"host-to-device copy during forward{count}", where=where,
+                hint="a tensor built on the CPU is copied to the device at every call: build it on the device "
+                     "or register it as a buffer"))
+    scan = obs.get("target", {}).get("placement") or {}
+    state = scan.get("cpu_state") or []
+    if state:
+        names = ", ".join(x["name"] for x in state[:5]) + (f" and {len(state) - 5} more" if len(state) > 5 else "")
+        findings.append(Finding(
+            check="placement", severity="warning", subject="cpu_state",
+            title=f"{len(state)} parameters or buffers left on the CPU: {names}",
+            hint="move the whole model with model.to(device) after building it, and register buffers with "
+                 "register_buffer so that .to() moves them"))
+    for t in scan.get("plain_tensors") or []:
+        if t["device"] == "cpu" and ctx.device != "cpu":
+            findings.append(Finding(
+                check="placement", severity="warning", subject=f"plain:{t['name']}",
+                title=f"tensor attribute {t['name']} {tuple(t['shape'])} is not a parameter or buffer: "
+                      "model.to(device) left it on the CPU",
+                hint="register it with self.register_buffer(name, tensor) (persistent=False if it is not state)"))
+    return findings
+
+
+# ---------------------------------------------------------------- recompilation
+def _next_pow2(v: int) -> int:
+    return 1 << max(0, (v - 1).bit_length())
+
+
+def check_recompilation(obs: dict, ctx: CheckContext) -> list[Finding]:
+    comp = obs.get("target", {}).get("compile")
+    if not comp:
+        return []
+    events = comp.get("events") or []
+    families: dict[tuple, list[dict]] = defaultdict(list)
+    for e in events:
+        families[(tuple(len(s) for s in e["shapes"]), tuple(e["dtypes"]))].append(e)
+    findings = []
+    for family, items in families.items():
+        signatures = defaultdict(int)
+        for e in items:
+            signatures[tuple(tuple(s) for s in e["shapes"])] += 1
+        if len(signatures) > 1:
+            shapes = list(signatures)
+            varying = []
+            for i in range(len(shapes[0])):
+                for d in range(len(shapes[0][i])):
+                    values = sorted({s[i][d] for s in shapes})
+                    if len(values) > 1:
+                        varying.append((i, d, values))
+            lines = []
+            hints = []
+            for i, d, values in varying[:4]:
+                buckets = sorted({_next_pow2(v) for v in values})
+                lines.append(f"input {i} dim {d}: {', '.join(map(str, values[:12]))}{' ...' if len(values) > 12 else ''}")
+                hints.append(f"pad input {i} dim {d} to {max(values)} (1 graph) or to powers of two "
+                             f"({', '.join(map(str, buckets))}: {len(buckets)} graphs)")
+            inputs = sorted({i for i, _, _ in varying})[:2]
+            shown = "; ".join(" ".join(str(list(s[i])) for i in inputs) for s in shapes[:6])
+            findings.append(Finding(
+                check="recompilation", severity="warning", subject=f"graph{len(findings)}",
+                title=f"compiled {len(items)} times for {len(signatures)} different input shapes",
+                detail="shapes that vary: " + "; ".join(lines) + (f"\nshapes seen: {shown}" if shown else ""),
+                hint=("the neuron backend compiles one graph per input shape (dynamic=True is not supported): "
+                      + "; ".join(hints)),
+                data={"compilations": len(items), "shapes": len(signatures),
+                      "varying": [{"input": i, "dim": d, "values": v} for i, d, v in varying]}))
+        repeated = {s: n for s, n in signatures.items() if n > 1}
+        if repeated:
+            findings.append(Finding(
+                check="recompilation", severity="warning", subject=f"repeat{len(findings)}",
+                title=f"recompiled {sum(repeated.values()) - len(repeated)} times for input shapes it had compiled before",
+                hint="a guard on a Python value (a changing int or flag in forward) fails at each call: "
+                     "make it a tensor or a constant"))
+    if not findings and events:
+        findings.append(Finding(check="recompilation", severity="info",
+                                title=f"{len(events)} graph compilation{'s' if len(events) != 1 else ''}, "
+                                      "no recompilation for new input shapes"))
+    return findings
+
+
+# ---------------------------------------------------------------- 64-bit tensors
+def check_wide_dtypes(obs: dict, ctx: CheckContext) -> list[Finding]:
+    tgt = obs.get("target", {})
+    wide = tgt.get("wide_tensors") or []
+    findings = []
+    when = "in the compiled graphs" if ctx.mode == "compile" else "when the model is compiled (torch.compile)"
+    floats = [w for w in wide if w["dtype"] == "float64"]
+    ints_bad = [w for w in wide if w["dtype"] == "int64" and not w.get("fits", True)]
+    ints_ok = [w for w in wide if w["dtype"] == "int64" and w.get("fits", True)]
+
+    def names(items):
+        return ", ".join(f"{w['name']} {tuple(w['shape'])}" for w in items[:4]) + (
+            f" and {len(items) - 4} more" if len(items) > 4 else "")
+
+    if floats:
+        lossy = [w for w in floats if not w.get("fits", True)]
+        findings.append(Finding(
+            check="wide-dtypes", severity="warning" if lossy else "info", subject="float64",
+            title=f"float64 tensors become float32 {when}: {names(floats)}",
+            hint="Neuron computes in at most 32 bits: use float32, or keep float64 work on the host"))
+    if ints_bad:
+        findings.append(Finding(
+            check="wide-dtypes", severity="warning", subject="int64-overflow",
+            title=f"int64 values beyond the int32 range become int32 {when}: {names(ints_bad)}",
+            hint="values above 2**31 wrap when narrowed; rescale them or keep them on the host"))
+    if ints_ok:
+        findings.append(Finding(
+            check="wide-dtypes", severity="info", subject="int64",
+            title=f"int64 tensors become int32 {when}; their values fit: {names(ints_ok)}"))
+    for line in (tgt.get("compile") or {}).get("narrowing_losses") or []:
+        findings.append(Finding(check="wide-dtypes", severity="warning", subject=f"narrowed:{line}",
+                                title=f"a compiled graph input lost values when narrowed to 32 bits: {line}"))
+    return findings
+
+
+# ---------------------------------------------------------------- loss curves, speed
+def curve_comparison(obs: dict, tolerance: CurveTolerance) -> CurveComparison | None:
+    ref = (obs.get("reference") or {}).get("curve")
+    tgt = (obs.get("target") or {}).get("curve")
+    if not ref or not tgt:
+        return None
+    return compare_curves(LossCurve.from_dict(ref), LossCurve.from_dict(tgt), tolerance)
+
+
+def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
+    findings = []
+    ref_fp = (obs.get("reference") or {}).get("fingerprints") or {}
+    tgt_fp = (obs.get("target") or {}).get("fingerprints") or {}
+    differ = [k for k in ("parameters", "inputs") if k in ref_fp and k in tgt_fp and ref_fp[k] != tgt_fp[k]]
+    start_hint = ""
+    if differ:
+        start_hint = (f"the two runs start from different {' and '.join(differ)}: the script draws them on the "
+                      "device, whose random numbers differ from the CPU's; draw them on the CPU and move them")
+        findings.append(Finding(check="same-start", severity="warning", subject="+".join(differ),
+                                title=f"the reference and the target start from different {' and '.join(differ)}",
+                                hint=start_hint))
+    cmp = curve_comparison(obs, ctx.curve_tolerance)
+    if cmp is None:
+        return findings
+    data = {"steps": cmp.steps, "diverged_at": cmp.diverged_at, "max_rel_gap": cmp.max_rel_gap,
+            "failing_steps": cmp.failing_steps}
+    if cmp:
+        findings.append(Finding(check="loss-curves", severity="info", title=cmp.summary(), detail=cmp.note, data=data))
+    else:
+        findings.append(Finding(check="loss-curves", severity="error", title=cmp.summary(),
+                                detail=(cmp.note + "\n" if cmp.note else "") + ctx.curve_tolerance.describe(),
+                                hint=start_hint or "see the first diverging layer above; a gap that grows step "
+                                                   "by step points at the gradients or the optimizer", data=data))
+    ratio = cmp.speed_ratio
+    if ratio is not None:
+        t, r = cmp.target.steps_per_second, cmp.reference.steps_per_second
+        note = " (emulated device: not a measure of Trainium speed)" if ctx.emulated else ""
+        findings.append(Finding(check="speed", severity="info",
+                                title=f"target {ratio:.2f}x the reference's speed: {t:.2f} vs {r:.2f} steps/s{note}",
+                                data={"ratio": ratio, "target_steps_per_s": t, "reference_steps_per_s": r}))
+    return findings
+
+
+CHECKS = (check_runs, check_numerics, check_fallback, check_placement, check_recompilation, check_wide_dtypes,
+          check_curves)
+
+
+def run_checks(obs: dict, ctx: CheckContext) -> list[Finding]:
+    """All findings, in check order."""
+    findings: list[Finding] = []
+    for check in CHECKS:
+        findings.extend(check(obs, ctx))
+    return findings
+
+
+def finite_or_none(x):
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None

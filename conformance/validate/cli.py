@@ -1,0 +1,225 @@
+"""``neuron-validate``: migration checks of a user's own script against a target.
+
+    neuron-validate SCRIPT [--target T] [--reference cpu] [--mode eager|compile] [--steps N]
+                   [--out DIR] [--json] [-- SCRIPT ARGS...]
+    neuron-validate compare OLD.json NEW.json
+
+Exit codes: 0 ready (with or without warnings), 1 not ready, 2 bad usage or a
+broken script. Progress goes to stderr; the summary (or, with --json, the
+report) to stdout.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from conformance.cli.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    OneLineParser,
+    UsageError,
+    add_target_options,
+    apply_environment,
+    run_command,
+)
+
+PROG = "neuron-validate"
+DEFAULT_OUT = Path("runs") / "validate"
+
+
+def build_parser() -> OneLineParser:
+    p = OneLineParser(prog=PROG, description="Migration checks of a PyTorch script on a target backend: does it "
+                      "run, does it compute the same thing (and where does it first go wrong), does it learn the same way.",
+                      epilog="Arguments after -- go to the script; {device} in them is replaced by each side's device.")
+    p.add_argument("script", help="the user's script (functions convention: get_model() and get_inputs(); "
+                   "or an unchanged training script)")
+    add_target_options(p)
+    g = p.add_argument_group("checks")
+    g.add_argument("--mode", choices=("eager", "compile"), default=None,
+                   help="run the target eagerly or through torch.compile (default: the target spec's mode, eager)")
+    g.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="training steps for the loss curves (functions convention: default 10; training script: "
+                        "stop at its N-th backward(); 0 skips the curves)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--rtol", type=float, default=None, help="loss-curve band, relative (default 0.05)")
+    g.add_argument("--max-failing-steps", type=int, default=None, metavar="K",
+                   help="steps allowed outside the band (default: 10%% of the steps, at least 1)")
+    g.add_argument("--timeout", type=float, default=900.0, help="seconds per child process (default 900)")
+    g.add_argument("--no-localize", action="store_true", help="skip the layer-by-layer comparison")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", default=None, metavar="DIR", help=f"report folder (default: {DEFAULT_OUT}/SCRIPT_NAME)")
+    o.add_argument("--json", action="store_true", help="print report.json to stdout instead of the summary")
+    return p
+
+
+def build_compare_parser() -> OneLineParser:
+    p = OneLineParser(prog=f"{PROG} compare", description="What changed between two neuron-validate reports.")
+    p.add_argument("old", help="the earlier report.json (or its folder)")
+    p.add_argument("new", help="the later report.json (or its folder)")
+    p.add_argument("--json", action="store_true", help="print the differences as JSON")
+    p.add_argument("--verbose", action="store_true", help="show tracebacks")
+    return p
+
+
+# ---------------------------------------------------------------- progress
+class _Status:
+    """Live per-side status on stderr: a rich status line on a terminal, phase lines otherwise."""
+
+    def __init__(self, console) -> None:
+        self.console = console
+        self.state: dict[str, str] = {}
+        self.last_phase: dict[str, str] = {}
+        self.live = None
+        if console.is_terminal:
+            from rich.live import Live
+
+            self.live = Live("", console=console, refresh_per_second=8, transient=True)
+
+    def __enter__(self):
+        if self.live is not None:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def __call__(self, side: str, event: dict) -> None:
+        phase = event.get("phase", "")
+        text = phase
+        if phase == "train":
+            steps = event.get("steps")
+            text = f"training step {event.get('step')}{f'/{steps}' if steps else ''}, loss {event.get('loss', float('nan')):.4g}"
+        self.state[side] = text
+        if self.live is not None:
+            self.live.update(" | ".join(f"[bold]{s}[/]: {t}" for s, t in self.state.items()))
+        elif self.last_phase.get(side) != phase:
+            self.last_phase[side] = phase
+            self.console.print(f"  {side}: {text}", highlight=False)
+
+
+# ---------------------------------------------------------------- commands
+def _target_spec(args) -> tuple[str, str]:
+    from conformance.target import TargetError, TargetSpec
+
+    try:
+        spec = TargetSpec.parse(args.target)
+        TargetSpec.parse(args.reference)
+    except TargetError as exc:
+        raise UsageError(str(exc)) from None
+    explicit = ":" in args.target
+    if args.mode and explicit and spec.mode != args.mode:
+        raise UsageError(f"--target {args.target} and --mode {args.mode} disagree: give the mode once")
+    mode = args.mode or spec.mode
+    return (spec.device if mode == "eager" else f"{spec.device}:{mode}"), mode
+
+
+def cmd_validate(args) -> int:
+    from rich.console import Console
+
+    from .script import ScriptError, inspect_script
+
+    try:
+        script = inspect_script(args.script)
+    except ScriptError as exc:
+        raise UsageError(str(exc)) from None
+    if args.steps is not None and args.steps < 0:
+        raise UsageError(f"--steps {args.steps}: must be 0 or more")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout {args.timeout:g}: must be positive")
+    if args.rtol is not None and args.rtol < 0:
+        raise UsageError(f"--rtol {args.rtol:g}: must be 0 or more")
+    if args.max_failing_steps is not None and args.max_failing_steps < 0:
+        raise UsageError(f"--max-failing-steps {args.max_failing_steps}: must be 0 or more")
+    out = Path(args.out) if args.out else DEFAULT_OUT / Path(script.path).stem
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file; expected a folder")
+    target_spec, mode = _target_spec(args)
+    apply_environment(args)  # before torch is imported
+
+    from conformance.cli.common import resolve_targets
+    from diff.curves import CurveTolerance
+
+    from .checks import CheckContext, curve_comparison, run_checks
+    from .common import ScriptProblem
+    from .report import build_report, print_summary, write_reports
+    from .runner import RunOptions, run_script
+    from .verdict import EXIT_CODES, verdict_of
+
+    args.target = target_spec
+    reference, target = resolve_targets(args)
+    tolerance = CurveTolerance(**{k: v for k, v in (("rtol", args.rtol), ("max_failing_steps", args.max_failing_steps))
+                                  if v is not None})
+    options = RunOptions(
+        script=script, target=target_spec, reference=args.reference, mode=mode, steps=args.steps,
+        steps_given=args.steps is not None, seed=args.seed, out=out, script_args=tuple(args.script_args),
+        timeout_s=args.timeout, backend_modules=tuple(args.backend_module), localize=not args.no_localize,
+    )
+    err = Console(stderr=True, highlight=False)
+    err.print(f"[bold]neuron-validate[/] {script.display}: {script.convention} convention, "
+              f"{target.describe()} against {reference.describe()}")
+    with _Status(err) as status:
+        try:
+            obs = run_script(options, on_progress=status)
+        except ScriptProblem as exc:
+            raise UsageError(str(exc)) from None
+    ctx = CheckContext(target=target.describe(), reference=reference.describe(), device=target.device.type,
+                       mode=mode, emulated=target.is_emulated, curve_tolerance=tolerance)
+    findings = run_checks(obs, ctx)
+    verdict = verdict_of(findings)
+    curves = curve_comparison(obs, tolerance)
+    report = build_report(obs=obs, findings=findings, verdict=verdict, script=script, options=options,
+                          argv=args.argv, curves=curves,
+                          labels={"target": target.describe(), "reference": reference.describe()})
+    write_reports(report, out, curves)
+    if args.json:
+        import json
+
+        print(json.dumps(report, indent=1, default=str))
+    else:
+        print_summary(report, Console(highlight=False))
+    return EXIT_CODES[verdict]
+
+
+def cmd_compare(args) -> int:
+    import json
+
+    from rich.console import Console
+
+    from .compare import ReportError, diff_reports, load_report, print_diff
+
+    try:
+        old, new = load_report(args.old), load_report(args.new)
+    except ReportError as exc:
+        raise UsageError(str(exc)) from None
+    d = diff_reports(old, new)
+    if args.json:
+        print(json.dumps(d.to_dict(), indent=1, default=str))
+    else:
+        print_diff(d, args.old, args.new, Console(highlight=False))
+    return 1 if d.worse else EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, script_args = argv[:i], argv[i + 1:]
+    if argv and argv[0] == "compare" and not os.path.isfile("compare"):
+        args = build_compare_parser().parse_args(argv[1:])
+        return run_command(f"{PROG} compare", cmd_compare, args)
+    args = build_parser().parse_args(argv)
+    args.script_args = script_args
+    args.argv = argv + (["--", *script_args] if script_args else [])
+    return run_command(PROG, cmd_validate, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["EXIT_USAGE", "main"]

@@ -1,0 +1,136 @@
+"""What a user's script offers, read from its source without running it.
+
+``neuron-validate`` supports two conventions:
+
+* **functions**: the script defines ``get_model()`` and ``get_inputs()`` (or
+  the values ``model`` and ``example_inputs``), optionally ``loss_fn`` and
+  ``get_optimizer(params)``. It is imported (``__name__`` is not
+  ``"__main__"``) and the harness drives the model.
+* **training**: any other script, typically an unchanged training loop
+  written against ``torch.accelerator`` or a ``--device`` argument. It runs as
+  ``__main__`` once per side, and the harness watches it.
+
+Reading the AST first gives a syntax error or a half-followed convention a
+one-line message before any process starts, and tells whether the script
+declares a ``--device`` option that the harness can fill in per side.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass
+
+FUNCTIONS = "functions"
+TRAINING = "training"
+MODEL_NAMES = ("get_model", "model")
+INPUT_NAMES = ("get_inputs", "example_inputs")
+
+
+class ScriptError(Exception):
+    """A script that cannot be validated (missing, unparsable, broken): one line, exit code 2."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScriptInfo:
+    path: str  # absolute
+    convention: str  # functions | training
+    model_name: str | None  # get_model or model (functions convention)
+    inputs_name: str | None  # get_inputs or example_inputs
+    has_loss_fn: bool
+    has_optimizer: bool
+    device_option: str | None  # "--device" when the script's argparse declares it
+    calls_backward: bool  # a `.backward(` call appears in the source (a hint, not a promise)
+
+    @property
+    def display(self) -> str:
+        return _short(self.path)
+
+
+def _short(path: str) -> str:
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else path
+
+
+def _top_level_names(tree: ast.Module) -> dict[str, str]:
+    """Top-level names bound by the module: name -> 'function' | 'value'."""
+    names: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names[node.name] = "function"
+        elif isinstance(node, ast.ClassDef):
+            names[node.name] = "class"
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        names[n.id] = "value"
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names[(alias.asname or alias.name).split(".")[0]] = "import"
+    return names
+
+
+def _device_option(tree: ast.Module) -> str | None:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+            for arg in node.args:
+                if isinstance(arg, ast.Constant) and arg.value in ("--device", "--device-type"):
+                    return arg.value
+    return None
+
+
+def _calls_backward(tree: ast.Module) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr == "backward":
+                return True
+    return False
+
+
+def inspect_script(path: str) -> ScriptInfo:
+    """Reads the script's source; raises ScriptError (one line) when it cannot be validated."""
+    if not path:
+        raise ScriptError("no script given: usage: neuron-validate SCRIPT [options]")
+    full = os.path.abspath(path)
+    if not os.path.exists(full):
+        raise ScriptError(f"{path}: no such file")
+    if os.path.isdir(full):
+        raise ScriptError(f"{path}: is a directory; expected a Python script")
+    if not full.endswith(".py"):
+        raise ScriptError(f"{path}: expected a Python script ending in .py")
+    try:
+        with open(full, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        raise ScriptError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        tree = ast.parse(source, filename=full)
+    except SyntaxError as exc:
+        where = f"{_short(full)}:{exc.lineno}" if exc.lineno else _short(full)
+        raise ScriptError(f"{where}: syntax error: {exc.msg}") from None
+    except ValueError as exc:  # null bytes
+        raise ScriptError(f"{path}: not a Python source file: {exc}") from None
+    names = _top_level_names(tree)
+    model_name = next((n for n in MODEL_NAMES if n in names and names[n] in ("function", "value")), None)
+    inputs_name = next((n for n in INPUT_NAMES if n in names and names[n] in ("function", "value")), None)
+    if model_name == "get_model" and names["get_model"] != "function":
+        model_name = None
+    if model_name == "get_model" and inputs_name is None:
+        raise ScriptError(f"{_short(full)}: defines get_model() but no get_inputs() (or example_inputs): "
+                          "the harness needs inputs to run the model")
+    if inputs_name is not None and model_name is None:
+        raise ScriptError(f"{_short(full)}: defines {inputs_name} but no get_model() (or model)")
+    functions = model_name is not None and inputs_name is not None
+    return ScriptInfo(
+        path=full,
+        convention=FUNCTIONS if functions else TRAINING,
+        model_name=model_name if functions else None,
+        inputs_name=inputs_name if functions else None,
+        has_loss_fn="loss_fn" in names,
+        has_optimizer="get_optimizer" in names,
+        device_option=_device_option(tree),
+        calls_backward=_calls_backward(tree),
+    )

@@ -1,0 +1,321 @@
+"""Child process for the functions convention: ``python -m conformance.validate.worker SPEC.json``.
+
+The script is imported (not run as ``__main__``), its model and inputs built
+once on the CPU, and every side gets a copy of the same weights: the
+reference, the float64 golden, and the target (eager, and compiled in compile
+mode). Running all sides in one child keeps the localisation's drill-down,
+which reruns one module on every side with the reference's inputs, in one
+address space; the parent survives a target crash because the child is a
+separate process.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import inspect
+import os
+import sys
+import time
+
+from .common import ChildSpec, ScriptProblem, SideResult, localization_observations, set_threads, write_result
+from .probes import (
+    compile_observations,
+    error_info,
+    fingerprint,
+    named_inputs,
+    placement_scan,
+    progress,
+    wide_tensors,
+)
+
+MODULE_NAME = "neuron_validate_user_script"
+DEFAULT_STEPS = 10
+
+
+def _load_module(path: str):
+    directory = os.path.dirname(path)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[MODULE_NAME] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:  # noqa: BLE001 - any failure at import is the script's
+        info = error_info(exc, files=[path], phase="import")
+        where = f" ({info['source']['text']})" if info["source"] else ""
+        if isinstance(exc, ImportError):
+            raise ScriptProblem(f"the script fails to import: {info['message']}{where}") from None
+        if isinstance(exc, SystemExit):
+            raise ScriptProblem(f"the script exited while being imported (status {exc.code})") from None
+        raise ScriptProblem(f"the script raised while being imported: {info['message']}{where}") from None
+    return module
+
+
+def _get(module, names: tuple[str, str], what: str, path: str):
+    import torch  # noqa: F401
+
+    fn_name, value_name = names
+    if hasattr(module, fn_name):
+        fn = getattr(module, fn_name)
+        if not callable(fn):
+            raise ScriptProblem(f"{fn_name} is a {type(fn).__name__}, expected a function")
+        try:
+            return fn(), f"{fn_name}()"
+        except Exception as exc:  # noqa: BLE001
+            info = error_info(exc, files=[path])
+            where = f" ({info['source']['text']})" if info["source"] else ""
+            raise ScriptProblem(f"{fn_name}() raised: {info['message']}{where}") from None
+    if hasattr(module, value_name):
+        return getattr(module, value_name), value_name
+    raise ScriptProblem(f"no {what} found: define {fn_name}() (or {value_name})")
+
+
+def _split_inputs(inputs):
+    import torch
+
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}
+    raise ScriptProblem(f"inputs are a {type(inputs).__name__}: expected a tensor, a tuple of positional "
+                        "arguments or a dict of keyword arguments")
+
+
+def _loss_callable(module, raw_inputs):
+    """loss(output) for the model: the script's loss_fn(output[, inputs]) or the zoo's output loss."""
+    fn = getattr(module, "loss_fn", None)
+    if fn is None:
+        from model_zoo.built import output_loss
+
+        return (lambda out: output_loss(out)), "the model's own loss, else the mean square of its outputs"
+    if not callable(fn):
+        raise ScriptProblem(f"loss_fn is a {type(fn).__name__}, expected a function")
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = [None]
+    if len(params) >= 2:
+        return (lambda out: fn(out, raw_inputs)), "loss_fn(output, inputs)"
+    return fn, "loss_fn(output)"
+
+
+def _neutralise_dropout(model) -> int:
+    from model_zoo.built import neutralise_dropout
+
+    return neutralise_dropout(model)
+
+
+def _pass(model, args, kwargs, device, *, double: bool, loss, prepare=None):
+    """(outputs, parameter gradients) of one forward and backward pass on CPU copies."""
+    import torch
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    m = copy.deepcopy(model).to(device)
+    if double:
+        m = m.double()
+    run = prepare(m) if prepare is not None else m
+
+    def move(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        return (v.double() if double and v.is_floating_point() else v).to(device)
+
+    previous = torch.get_default_dtype()
+    if double:
+        torch.set_default_dtype(torch.float64)
+    try:
+        out = run(*tree_map(move, args), **tree_map(move, kwargs))
+        grads = None
+        if loss is not None:
+            value = loss(out)
+            value.backward()
+            grads = {n: p.grad.detach().cpu() for n, p in m.named_parameters() if p.grad is not None}
+    finally:
+        torch.set_default_dtype(previous)
+    leaves = [t.detach().cpu() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    return leaves, grads, run
+
+
+def run(spec: ChildSpec, result: dict) -> None:
+    import torch
+
+    from conformance.target import TargetError, resolve_target
+    from diff.curves import train_curve
+
+    set_threads(spec.threads)
+    path = spec.script
+    files = [path]
+    try:
+        target = resolve_target(spec.target, backend_modules=spec.backend_modules)
+        reference = resolve_target(spec.reference)
+    except TargetError as exc:
+        raise ScriptProblem(str(exc)) from None
+    result["manifest"] = {"target": target.manifest(), "reference": reference.manifest()}
+    progress(spec.progress, side="both", phase="import")
+    module = _load_module(path)
+    model, model_from = _get(module, ("get_model", "model"), "model", path)
+    if not isinstance(model, torch.nn.Module):
+        raise ScriptProblem(f"{model_from} is a {type(model).__name__}, expected a torch.nn.Module")
+    raw_inputs, inputs_from = _get(module, ("get_inputs", "example_inputs"), "inputs", path)
+    args, kwargs = _split_inputs(raw_inputs)
+    model = model.cpu()
+    dropped = _neutralise_dropout(model)
+    if dropped:
+        result["notes"].append(f"dropout neutralised in {dropped} places so that both sides compute the same thing")
+    loss, loss_from = _loss_callable(module, raw_inputs)
+    result["model"] = {"class": type(model).__name__, "from": model_from, "inputs_from": inputs_from,
+                       "loss": loss_from, "parameters": sum(p.numel() for p in model.parameters())}
+
+    # 1. Does it run on the reference? A failure here is the script's problem.
+    progress(spec.progress, side="reference", phase="forward")
+    ref_side, tgt_side = SideResult(), SideResult()
+    start = time.perf_counter()
+    try:
+        ref_out, _, _ = _pass(model, args, kwargs, reference.device, double=False, loss=None)
+    except Exception as exc:  # noqa: BLE001
+        info = error_info(exc, files=files)
+        where = f" at {info['source']['text']}" if info["source"] else ""
+        hint = ""
+        text = info["message"].lower()
+        if any(w in text for w in ("shape", "size", "dimension", "mat1", "expected input")):
+            hint = f" (do the inputs from {inputs_from} have the shapes the model expects?)"
+        raise ScriptProblem(f"the model raised on the reference ({reference.describe()}): {info['message']}{where}{hint}") from None
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    steps = DEFAULT_STEPS if spec.steps is None else spec.steps
+    loss_fn = loss
+    try:
+        m = copy.deepcopy(model)
+        value = loss(m(*args, **kwargs))
+        problem = None
+        if not isinstance(value, torch.Tensor):
+            problem = f"{loss_from} returned a {type(value).__name__}, expected a scalar tensor"
+        elif value.numel() != 1:
+            problem = f"{loss_from} returned a tensor of shape {tuple(value.shape)}, expected a scalar"
+        elif not value.requires_grad:
+            problem = f"{loss_from} does not require grad (no trainable parameters reach it)"
+    except Exception as exc:  # noqa: BLE001
+        info = error_info(exc, files=files)
+        problem = f"{loss_from} raised: {info['message']}"
+    if problem or not trainable:
+        problem = problem or "the model has no trainable parameters"
+        if spec.steps_given and spec.steps:
+            raise ScriptProblem(f"--steps {spec.steps}: no loss curve can be trained: {problem}")
+        result["notes"].append(f"gradients and loss curves skipped: {problem}")
+        loss_fn, steps = None, 0
+    ref_side.ran = True
+    ref_side.seconds = time.perf_counter() - start
+    ref_side.fingerprints = {"parameters": fingerprint(model.state_dict().values()),
+                             "inputs": fingerprint(t for _, t in named_inputs(args, kwargs))}
+    tgt_side.fingerprints = dict(ref_side.fingerprints)
+
+    # 2. Does it compute the same thing on the target, and where does it first go wrong?
+    with target.track_ops() as tracker:
+        progress(spec.progress, side="target", phase="localize")
+        start = time.perf_counter()
+        loc = localization_observations(model, args, kwargs, target=target, reference=reference, loss_fn=loss_fn,
+                                        files=files)
+        result.update(loc)
+        failure = (loc.get("localization") or {}).get("target_failure")
+        if failure:
+            tgt_side.error = {"type": failure["message"].split(":")[0], "message": failure["message"],
+                              "source": failure["source"], "phase": failure["phase"], "module": failure["module"],
+                              "op": failure["op"]}
+        if target.compiles and not failure:
+            progress(spec.progress, side="target", phase="compile")
+            result["compiled"] = _compiled_check(model, args, kwargs, target=target, reference=reference,
+                                                 loss=loss_fn, files=files)
+            if result["compiled"].get("error"):
+                tgt_side.error = result["compiled"]["error"]
+        tgt_side.ran = tgt_side.error is None
+        tgt_side.seconds = time.perf_counter() - start
+
+        # 3. Does it learn the same way?
+        if steps and tgt_side.ran:
+            def batch(step):
+                return (args, kwargs)
+
+            def step_loss(m, inputs):
+                a, k = inputs
+                return loss_fn(m(*a, **k))
+
+            def on_step(side):
+                return lambda step, value: progress(spec.progress, side=side, phase="train", step=step + 1,
+                                                    steps=steps, loss=value)
+
+            common = dict(batch=batch, loss=step_loss, optimizer_factory=_optimizer_factory(module), steps=steps,
+                          seed=spec.seed)
+            curve = train_curve(model, device=reference.device, label=reference.describe(),
+                                on_step=on_step("reference"), **common)
+            ref_side.curve = curve.to_dict()
+            try:
+                curve = train_curve(model, device=target.device, label=target.describe(), prepare=target.prepare,
+                                    synchronize=target.synchronize, on_step=on_step("target"), **common)
+                tgt_side.curve = curve.to_dict()
+            except Exception as exc:  # noqa: BLE001 - the target failing to train is a finding
+                tgt_side.error = error_info(exc, files=files, phase="training")
+                tgt_side.ran = False
+    trace = tracker.trace
+    tgt_side.extra["fallback_ops"] = list(trace.fallback) if trace else []
+    tgt_side.extra["executed_ops"] = len(trace.executed) if trace else None
+    moved = copy.deepcopy(model).to(target.device)
+    tgt_side.extra["placement"] = placement_scan(moved, target.device.type)
+    tgt_side.extra["wide_tensors"] = wide_tensors(
+        [*named_inputs(args, kwargs), *model.named_parameters(), *model.named_buffers()])
+    if target.compiles:
+        tgt_side.extra["compile"] = compile_observations()
+    result["reference"] = ref_side.to_dict()
+    result["target"] = tgt_side.to_dict()
+
+
+def _optimizer_factory(module):
+    import torch
+
+    fn = getattr(module, "get_optimizer", None)
+    if fn is not None:
+        return fn
+    return lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9)
+
+
+def _compiled_check(model, args, kwargs, *, target, reference, loss, files) -> dict:
+    """The compiled target's outputs and gradients against the eager reference and the float64 golden."""
+    from diff import TolerancePolicy, compare
+
+    tol = TolerancePolicy().for_dtype(type(model).__name__, scope="model")
+    ref_out, ref_grads, _ = _pass(model, args, kwargs, reference.device, double=False, loss=loss)
+    try:
+        gold_out, gold_grads, _ = _pass(model, args, kwargs, "cpu", double=True, loss=loss)
+    except Exception:  # noqa: BLE001
+        gold_out, gold_grads = None, None
+    try:
+        out, grads, compiled = _pass(model, args, kwargs, target.device, double=False, loss=loss, prepare=target.prepare)
+        from torch.utils._pytree import tree_map
+        import torch
+
+        move = lambda v: v.to(target.device) if isinstance(v, torch.Tensor) else v  # noqa: E731
+        compiled(*tree_map(move, args), **tree_map(move, kwargs))  # same shapes again: must not recompile
+    except Exception as exc:  # noqa: BLE001
+        return {"error": error_info(exc, files=files, phase="compile")}
+    outputs = compare(out, ref_out, golden=gold_out, tolerance=tol)
+    gradients = compare(grads, ref_grads, golden=gold_grads, tolerance=tol, path="grad") if grads is not None else None
+    return {"outputs": outputs.to_dict(), "gradients": gradients.to_dict() if gradients is not None else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = ChildSpec.load(argv[0])
+    result: dict = {"convention": "functions", "notes": [], "reference": {}, "target": {}}
+    try:
+        run(spec, result)
+    except ScriptProblem as exc:
+        result["script_problem"] = str(exc)
+    write_result(spec.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Loss curves: train the same model the same way on two sides and compare the losses step by step.
+
+A model can compute every step a little differently and still learn the same
+way, or pass a one-step check and drift apart over a hundred. So the question
+"does it learn the same way?" is answered on the curve: each step's target
+loss must lie within a band around the reference loss, ``atol + rtol *
+|reference|``. Like Megatron-LM's approximate mode (rtol 5% on the loss), a
+few steps may fall outside the band (noise spikes) before the curves count as
+diverged; the step at which they diverge is the start of the run of failing
+steps that used up the allowance. NaN or inf on one side only always fails.
+
+:func:`train_curve` runs the training loop for one side (used by
+``neuron-conformance curves`` and by ``neuron-validate``); an unchanged
+training script's losses come from its own ``backward()`` calls instead.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+DEFAULT_RTOL = 0.05  # Megatron-LM's approximate loss check
+DEFAULT_ATOL = 1e-4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LossCurve:
+    """One side's losses, one per training step, and the wall time of each step in seconds."""
+
+    label: str
+    losses: tuple[float, ...]
+    step_seconds: tuple[float, ...] = ()
+
+    @property
+    def steps(self) -> int:
+        return len(self.losses)
+
+    @property
+    def steps_per_second(self) -> float | None:
+        """Throughput after the first step (which carries warm-up and compilation)."""
+        times = self.step_seconds[1:] if len(self.step_seconds) > 1 else self.step_seconds
+        total = sum(times)
+        return len(times) / total if times and total > 0 else None
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "losses": [_json_float(x) for x in self.losses],
+                "step_seconds": list(self.step_seconds), "steps_per_second": self.steps_per_second}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LossCurve":
+        return cls(label=data["label"], losses=tuple(math.nan if x is None else float(x) for x in data["losses"]),
+                   step_seconds=tuple(float(x) for x in data.get("step_seconds", ())))
+
+
+def _json_float(x: float):
+    return x if math.isfinite(x) else (None if math.isnan(x) else ("inf" if x > 0 else "-inf"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CurveTolerance:
+    """The band around the reference loss and how many steps may leave it (None: 10% of the steps, at least 1)."""
+
+    rtol: float = DEFAULT_RTOL
+    atol: float = DEFAULT_ATOL
+    max_failing_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("rtol", "atol"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
+                raise ValueError(f"{name}={value!r} (type={type(value).__name__}): expected a finite number >= 0")
+        if self.max_failing_steps is not None and (not isinstance(self.max_failing_steps, int) or self.max_failing_steps < 0):
+            raise ValueError(f"max_failing_steps={self.max_failing_steps!r} (type={type(self.max_failing_steps).__name__}): "
+                             "expected None or an int >= 0")
+
+    def allowed(self, steps: int) -> int:
+        return self.max_failing_steps if self.max_failing_steps is not None else max(1, steps // 10)
+
+    def band(self, reference: float) -> float:
+        return self.atol + self.rtol * abs(reference)
+
+    def describe(self) -> str:
+        allowed = "10% of the steps (at least 1)" if self.max_failing_steps is None else str(self.max_failing_steps)
+        return f"|target - reference| <= {self.atol:g} + {self.rtol:g} * |reference|, {allowed} failing steps allowed"
+
+
+@dataclass(kw_only=True, slots=True)
+class CurveComparison:
+    """Truthy when the curves agree; ``diverged_at`` is the step where they part (None when they agree)."""
+
+    reference: LossCurve
+    target: LossCurve
+    tolerance: CurveTolerance
+    failing_steps: list[int] = field(default_factory=list)
+    diverged_at: int | None = None
+    max_abs_gap: float = 0.0
+    max_rel_gap: float = 0.0
+    note: str = ""
+
+    def __bool__(self) -> bool:
+        return self.diverged_at is None and not self.note.startswith("no steps")
+
+    @property
+    def steps(self) -> int:
+        return min(self.reference.steps, self.target.steps)
+
+    @property
+    def allowed(self) -> int:
+        return self.tolerance.allowed(self.steps)
+
+    @property
+    def speed_ratio(self) -> float | None:
+        """Target steps/s over reference steps/s."""
+        t, r = self.target.steps_per_second, self.reference.steps_per_second
+        return t / r if t and r else None
+
+    def summary(self) -> str:
+        if self.steps == 0:
+            return self.note or "no steps to compare"
+        head = (f"{len(self.failing_steps)} of {self.steps} steps outside the band ({self.allowed} allowed); "
+                f"greatest gap {self.max_abs_gap:.3g} ({100 * self.max_rel_gap:.2f}% of the reference loss)")
+        if self:
+            return f"loss curves agree: {head}"
+        return f"loss curves diverge at step {self.diverged_at}: {head}"
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": bool(self), "summary": self.summary(), "steps": self.steps, "failing_steps": self.failing_steps,
+            "allowed_failing_steps": self.allowed, "diverged_at": self.diverged_at,
+            "max_abs_gap": _json_float(self.max_abs_gap), "max_rel_gap": _json_float(self.max_rel_gap),
+            "rtol": self.tolerance.rtol, "atol": self.tolerance.atol, "speed_ratio": self.speed_ratio,
+            "note": self.note, "reference": self.reference.to_dict(), "target": self.target.to_dict(),
+        }
+
+
+def compare_curves(reference: LossCurve, target: LossCurve, tolerance: CurveTolerance | None = None) -> CurveComparison:
+    """Compares the common steps of two curves against the band (see the module docstring)."""
+    tol = tolerance or CurveTolerance()
+    result = CurveComparison(reference=reference, target=target, tolerance=tol)
+    n = min(reference.steps, target.steps)
+    if reference.steps != target.steps:
+        result.note = (f"the reference ran {reference.steps} steps and the target {target.steps}; "
+                       f"the first {n} are compared")
+    if n == 0:
+        result.note = "no steps to compare: " + (result.note or "both curves are empty")
+        return result
+    for step in range(n):
+        r, t = reference.losses[step], target.losses[step]
+        if not (math.isfinite(r) and math.isfinite(t)):
+            same = (math.isnan(r) and math.isnan(t)) or r == t
+            if not same:
+                result.failing_steps.append(step)
+            continue
+        gap = abs(t - r)
+        result.max_abs_gap = max(result.max_abs_gap, gap)
+        if r != 0:
+            result.max_rel_gap = max(result.max_rel_gap, gap / abs(r))
+        if gap > tol.band(r):
+            result.failing_steps.append(step)
+    allowed = tol.allowed(n)
+    if len(result.failing_steps) > allowed:
+        flip = result.failing_steps[allowed]  # the failing step that used up the allowance
+        start = flip
+        failing = set(result.failing_steps)
+        while start - 1 in failing:
+            start -= 1
+        result.diverged_at = start
+    return result
+
+
+# ---------------------------------------------------------------- training
+def train_curve(
+    model,
+    *,
+    batch: Callable[[int], Any],
+    loss: Callable[[Any, Any], Any],
+    optimizer_factory: Callable[[Any], Any],
+    device,
+    steps: int,
+    label: str,
+    seed: int = 0,
+    prepare: Callable[[Any], Any] | None = None,
+    synchronize: Callable[[], None] | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> LossCurve:
+    """Trains a deep copy of ``model`` on ``device`` for ``steps`` steps; returns its loss curve.
+
+    ``batch(step)`` returns that step's inputs on the CPU (moved here),
+    ``loss(model, inputs)`` a scalar loss tensor. ``prepare`` wraps the model
+    for execution (torch.compile in compile mode). The same ``seed`` is set
+    on every side before the first step.
+    """
+    import copy
+
+    import torch
+    from torch.utils._pytree import tree_map
+
+    torch.manual_seed(seed)
+    m = copy.deepcopy(model).to(device)
+    optimizer = optimizer_factory(m.parameters())
+    run = prepare(m) if prepare is not None else m
+    losses: list[float] = []
+    seconds: list[float] = []
+    for step in range(steps):
+        inputs = tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, batch(step))
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        value = loss(run, inputs)
+        value.backward()
+        optimizer.step()
+        if synchronize is not None:
+            synchronize()
+        loss_value = float(value.detach().float().cpu())
+        seconds.append(time.perf_counter() - start)
+        losses.append(loss_value)
+        if on_step is not None:
+            on_step(step, loss_value)
+    return LossCurve(label=label, losses=tuple(losses), step_seconds=tuple(seconds))
+
+
+__all__ = ["CurveComparison", "CurveTolerance", "LossCurve", "compare_curves", "train_curve"]
