@@ -542,6 +542,9 @@ def migrate(results: str | Path) -> int:
             old = conn.execute("PRAGMA user_version").fetchone()[0]
             if old > SCHEMA_VERSION:
                 raise StoreError(f"{path} has schema version {old}, newer than this neuron-validate ({SCHEMA_VERSION})")
+            check = conn.execute("PRAGMA quick_check").fetchone()[0]  # never migrate a damaged file
+            if check != "ok":
+                raise StoreError(f"{path} is damaged ({check}); not migrating it")
             return _apply_migrations(conn, path)
         finally:
             conn.close()
