@@ -177,13 +177,21 @@ def check_placement(obs: dict, ctx: CheckContext) -> list[Finding]:
     findings: list[Finding] = []
     events = obs.get("placement_events") or []
     created = [e for e in events if e["kind"] == "cpu_tensor"]
+    scan = obs.get("target", {}).get("placement") or {}
+    left = [t["name"] for t in scan.get("plain_tensors") or [] if t["device"] == "cpu"]
+    left += [t["name"] for t in scan.get("cpu_state") or []]
     for e in events:
         where = _where(e.get("source"))
         count = f" ({e['count']} times)" if e.get("count", 1) > 1 else ""
         if e["kind"] == "mixed":
-            origin = next((c for c in created if c.get("module") == e.get("module")), created[0] if created else None)
-            hint = (f"the CPU tensor comes from {origin['op']} at {_where(origin.get('source'))}: create it with "
-                    "device=<input>.device" if origin else "move the tensor to the device, or create it there")
+            origin = next((c for c in created if c.get("module") == e.get("module")), None)
+            if origin is not None:
+                hint = (f"the CPU tensor comes from {origin['op']} at {_where(origin.get('source'))}: create it "
+                        "with device=<input>.device")
+            elif left:
+                hint = f"the CPU tensor is probably {', '.join(left[:3])}, which model.to(device) did not move"
+            else:
+                hint = "move the tensor to the device, or create it there"
             findings.append(Finding(
                 check="placement", severity="error", subject=f"mixed:{e['op']}:{where}",
                 title=f"{e['op']} mixes a CPU tensor with {ctx.device} tensors in forward{count}",
@@ -208,7 +216,6 @@ def check_placement(obs: dict, ctx: CheckContext) -> list[Finding]:
                 title=f"host-to-device copy during forward{count}", where=where,
                 hint="a tensor built on the CPU is copied to the device at every call: build it on the device "
                      "or register it as a buffer"))
-    scan = obs.get("target", {}).get("placement") or {}
     state = scan.get("cpu_state") or []
     if state:
         names = ", ".join(x["name"] for x in state[:5]) + (f" and {len(state) - 5} more" if len(state) > 5 else "")

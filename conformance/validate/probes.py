@@ -90,6 +90,8 @@ def wide_tensors(named: Iterable[tuple[str, Any]]) -> list[dict]:
     for name, t in named:
         if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int64, torch.float64):
             continue
+        if t.dtype == torch.int64 and t.dim() == 0:
+            continue  # a counter (BatchNorm's num_batches_tracked): narrowing it changes nothing
         entry = {"name": name, "dtype": _dtype(t), "shape": list(t.shape)}
         if t.dtype == torch.int64 and t.numel():
             lo, hi = int(t.min()), int(t.max())
@@ -124,7 +126,8 @@ def fingerprint(tensors: Iterable[Any]) -> str:
         if isinstance(t, torch.Tensor):
             cpu = t.detach().to("cpu").contiguous()
             h.update(str(cpu.dtype).encode() + str(tuple(cpu.shape)).encode())
-            h.update(cpu.view(torch.uint8).numpy().tobytes() if cpu.numel() else b"")
+            if cpu.numel():
+                h.update(cpu.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
