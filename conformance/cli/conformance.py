@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Modules that add subcommands: each has register(subparsers).
-COMMAND_MODULES: tuple[str, ...] = ("commands_ci", "commands_models")
+COMMAND_MODULES: tuple[str, ...] = ("commands_ci", "commands_models", "commands_curves")
 _EXTRA_COMMANDS: list = []
 
 

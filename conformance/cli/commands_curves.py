@@ -1,0 +1,131 @@
+"""``neuron-conformance curves``: side-by-side loss curves of a zoo model on the reference and the target.
+
+    neuron-conformance curves --model NAME --steps N --target neuron --out DIR
+
+Builds the zoo model once (fixed seed, dropout off), trains a copy on each
+side for N steps on the same batches (``make_batch(step)``) with the zoo's
+optimizer, shows both sides' progress live, compares the curves against the
+band (diff.curves) and writes ``loss_curves.png`` / ``.svg`` and
+``curves.json`` (both curves, the comparison, and both sides' manifests).
+Exit code 0 when the curves agree, 1 when they diverge or the target fails
+to train, 2 for bad usage (an unknown model lists the closest names).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .common import EXIT_FINDINGS, EXIT_OK, UsageError, add_target_options, apply_environment, resolve_targets
+
+DEFAULT_OUT = Path("runs") / "curves"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("curves", help="side-by-side loss curves of a zoo model")
+    add_target_options(p)
+    p.add_argument("--model", required=True, metavar="NAME", help="zoo model, e.g. hf/gpt2:causal_lm (see neuron-conformance models --list)")
+    p.add_argument("--steps", type=int, default=20, metavar="N", help="training steps (default 20)")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default float32)")
+    p.add_argument("--batch", type=int, default=0, help="batch size (default: the model's)")
+    p.add_argument("--size", type=int, default=0, help="sequence length or image side (default: the model's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rtol", type=float, default=None, help="band around the reference loss, relative (default 0.05)")
+    p.add_argument("--max-failing-steps", type=int, default=None, metavar="K",
+                   help="steps allowed outside the band (default: 10%% of the steps, at least 1)")
+    p.add_argument("--out", default=None, metavar="DIR", help=f"output folder (default: {DEFAULT_OUT}/MODEL)")
+    p.set_defaults(func=cmd_curves)
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    return f"{type(exc).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
+
+
+def cmd_curves(args) -> int:
+    if args.steps < 1:
+        raise UsageError(f"--steps {args.steps}: must be at least 1")
+    out = Path(args.out) if args.out else DEFAULT_OUT / args.model.replace("/", "_").replace(":", "_")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file; expected a folder")
+    apply_environment(args)
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from diff.curves import CurveTolerance, compare_curves, train_curve
+    from diff.plots import plot_curves
+
+    from .progress import console
+
+    try:
+        tolerance = CurveTolerance(**{k: v for k, v in (("rtol", args.rtol), ("max_failing_steps", args.max_failing_steps))
+                                      if v is not None})
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    reference, target = resolve_targets(args)
+    from model_zoo import ModelConfig, ModelZooError, build
+
+    try:
+        config = ModelConfig(arch=args.model, dtype=args.dtype, batch=args.batch, size=args.size, mode="steps",
+                             steps=args.steps, seed=args.seed)
+        built = build(config)
+    except (ValueError, ModelZooError) as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    model_name = str(built.config or config)
+    console.print(f"[bold]curves[/] {model_name}: {args.steps} steps on [bold]{target.describe()}[/] "
+                  f"against {reference.describe()}")
+
+    def loss(model, inputs):
+        return built.loss_fn(model(**inputs), inputs)
+
+    progress = Progress(TextColumn("[bold]{task.description:>10}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TextColumn("loss {task.fields[loss]}"), console=console,
+                        disable=not console.is_terminal)
+    common = dict(batch=built.make_batch, loss=loss, optimizer_factory=built.optimizer_factory, steps=args.steps,
+                  seed=args.seed)
+    with progress:
+        curves = {}
+        for side, t in (("reference", reference), ("target", target)):
+            task = progress.add_task(side, total=args.steps, loss="-")
+
+            def on_step(step, value, task=task, side=side):
+                progress.update(task, completed=step + 1, loss=f"{value:.5g}")
+                if not console.is_terminal and (step == 0 or step + 1 == args.steps or (step + 1) % 10 == 0):
+                    console.print(f"  {side}: step {step + 1}/{args.steps} loss {value:.5g}", highlight=False)
+
+            try:
+                curves[side] = train_curve(built.model, device=t.device, label=t.describe(),
+                                           prepare=t.prepare if t.compiles else None, synchronize=t.synchronize,
+                                           on_step=on_step, **common)
+            except Exception as exc:  # noqa: BLE001
+                if side == "reference":
+                    raise UsageError(f"{args.model} fails to train on the reference ({t.describe()}): {_one_line(exc)}") from None
+                progress.stop()
+                console.print(f"[bold red]{args.model} fails to train on the target ({t.describe()}):[/] "
+                              f"{_one_line(exc)}", highlight=False)
+                console.print("verdict: [bold red]DIVERGE[/] (the target did not train)")
+                return EXIT_FINDINGS
+    comparison = compare_curves(curves["reference"], curves["target"], tolerance)
+    paths = plot_curves(comparison, out / "loss_curves", title=f"{args.model} on {target.describe()}")
+    record = {"model": args.model, "config": (built.config or config).to_dict(), "comparison": comparison.to_dict(),
+              "tolerance": tolerance.describe(),
+              "manifest": {"target": target.manifest(), "reference": reference.manifest()}}
+    (out / "curves.json").write_text(json.dumps(record, indent=1, default=str))
+    r, tg = comparison.reference, comparison.target
+    console.print(f"  reference: loss {r.losses[0]:.5g} -> {r.losses[-1]:.5g}, "
+                  f"{r.steps_per_second or 0:.2f} steps/s", highlight=False)
+    console.print(f"  target:    loss {tg.losses[0]:.5g} -> {tg.losses[-1]:.5g}, "
+                  f"{tg.steps_per_second or 0:.2f} steps/s", highlight=False)
+    console.print(comparison.summary(), highlight=False)
+    console.print(f"plot: {paths[0]} (and {paths[1].name}); data: {out / 'curves.json'}", highlight=False)
+    verdict = "[bold green]AGREE[/]" if comparison else f"[bold red]DIVERGE at step {comparison.diverged_at}[/]"
+    console.print(f"verdict: {verdict}")
+    return EXIT_OK if comparison else EXIT_FINDINGS
+
+
+if __name__ == "__main__":
+    from .conformance import main
+
+    sys.exit(main(["curves", *sys.argv[1:]]))
