@@ -189,12 +189,12 @@ def error_signature(message: str) -> str:
     text = (message or "").strip().splitlines()[0] if message else ""
     text = re.sub(r"^sample \d+:\s*", "", text)
     text = _SPEC.sub("", text)
-    text = _HEX.sub("0x…", text)
+    text = _HEX.sub("ADDR", text)
     text = _PATH.sub("…", text)
     text = _NUMBER.sub("N", text)
     text = _TUPLE.sub("(…)", text)
     text = _MORE.sub("", text)
-    text = text.split(";")[0]
+    text = text.split(";")[0].replace("ADDR", "0x…")
     text = _SPACE.sub(" ", text).strip()
     return text[:SIGNATURE_CHARS] or "(no message)"
 
