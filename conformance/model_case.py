@@ -23,7 +23,8 @@ import torch
 from .case import Case
 from .outcome import Outcome, Status
 
-UNSUPPORTED_MARKERS = ("not implemented for", "not currently implemented", "could not run 'aten::", "notimplementederror")
+UNSUPPORTED_MARKERS = ("not implemented for", "not currently implemented", "could not run 'aten::", "notimplementederror",
+                       "is only supported on")
 
 
 def model_case(config) -> Case:

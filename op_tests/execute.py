@@ -35,6 +35,7 @@ UNSUPPORTED_MARKERS = (
     "could not run 'aten::",
     "is not supported",
     "notimplementederror",
+    "is only supported on",
 )
 
 _policy: TolerancePolicy | None = None

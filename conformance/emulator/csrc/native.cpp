@@ -122,7 +122,11 @@ int64_t fused_sdp_choice_cpu(const at::Tensor& q, const at::Tensor& k, const at:
                          std::optional<double> scale, bool enable_gqa) {
   // The choice depends on which inputs require grad, so the aliases carry that flag.
   auto alias = [](const at::Tensor& t) {
-    auto a = t.device().type() == kDevice ? cpu_alias(t) : t.detach();
+    // Only metadata decides; fake tensors (torch.compile tracing) have no data to alias.
+    const bool no_data = t.key_set().has(c10::DispatchKey::Python) || !t.has_storage() ||
+                         (t.storage().nbytes() > 0 && t.storage().data() == nullptr);
+    auto a = no_data ? at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kCPU))
+                     : (t.device().type() == kDevice ? cpu_alias(t) : t.detach());
     if (t.requires_grad() && (a.is_floating_point() || a.is_complex())) a.requires_grad_(true);
     return a;
   };
