@@ -1,0 +1,181 @@
+"""diff.localize finds the first diverging layer and op on a real, deliberately broken device.
+
+Faults act on one ATen op wherever it runs, so the models here give exactly
+one block a distinctive op (arctan, sigmoid) and break that op: the
+localiser must name the block, the op and this file's line, forward and
+backward, and must stay quiet under the exact profile.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from conformance import emulator
+from diff.localize import ROOT, ReferenceFailure, localize
+
+WIDTH = 16
+
+
+class Block(nn.Module):
+    def __init__(self, odd: str | None = None):
+        super().__init__()
+        self.fc1 = nn.Linear(WIDTH, 2 * WIDTH)
+        self.fc2 = nn.Linear(2 * WIDTH, WIDTH)
+        self.odd = odd
+
+    def forward(self, x):
+        h = self.fc1(x)
+        if self.odd == "atan":
+            h = torch.atan(h)  # ATAN_LINE
+        elif self.odd == "sigmoid":
+            h = torch.sigmoid(h)  # SIGMOID_LINE
+        else:
+            h = torch.relu(h)
+        return x + self.fc2(h)
+
+
+class Net(nn.Module):
+    def __init__(self, odd: str | None = "atan", act: nn.Module | None = None):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(odd if i == 2 else None) for i in range(4))
+        self.act = act or nn.Identity()
+        self.head = nn.Linear(WIDTH, 3)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.act(x))
+
+
+def _line(marker: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if marker in line and "_line(" not in line)
+
+
+def _run(model, **kwargs):
+    torch.manual_seed(0)
+    x = torch.randn(8, WIDTH)
+    return localize(model, (x,), target_device="neuron", loss_fn=lambda out: out.pow(2).mean(),
+                    source_files=[__file__], **kwargs)
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return Net()
+
+
+def test_exact_profile_matches_everywhere(neuron, model):
+    result = _run(model)
+    assert result, result.summary()
+    assert result.first is None and result.ops is None
+    assert all(layer.ok for layer in result.layers)
+    assert {layer.phase for layer in result.layers} == {"forward", "backward"}
+    assert result.outputs and result.gradients and result.golden and result.reference_deterministic
+
+
+def test_forward_fault_names_the_block_the_op_and_the_line(neuron, model):
+    emulator.set_faults("perturb@aten::atan,rel=0.01")
+    result = _run(model)
+    assert not result
+    # fc2 is the first module whose output differs, but it computes correctly from the
+    # reference's inputs: the error enters in blocks.2's own code, at aten::atan.
+    assert result.first_forward.module == "blocks.2.fc2"
+    assert result.culprit == "blocks.2"
+    op = result.ops.first
+    assert op.op == "aten::atan" and op.module == "blocks.2"
+    assert op.source.file == __file__ and op.source.line == _line("ATAN_LINE")
+    assert 0.009 < op.scale_error < 0.011
+    assert "blocks.2" in result.summary() and "aten::atan" in result.summary()
+    # error grows from nothing before the block to the output
+    forward = [x for x in result.layers if x.phase == "forward"]
+    before = forward[: [x.module for x in forward].index("blocks.2.fc2")]
+    assert all(x.ok for x in before) and not forward[-1].ok and forward[-1].module == ROOT
+
+
+def test_backward_only_fault_is_found_in_the_backward_pass(neuron):
+    torch.manual_seed(0)
+    emulator.set_faults("perturb@aten::sigmoid_backward,rel=0.05,phase=backward")
+    result = _run(Net(odd="sigmoid"))
+    assert result.outputs, "the forward pass is untouched"
+    assert not result.gradients
+    assert result.first_forward is None and result.first_backward is not None
+    assert result.culprit == "blocks.2"
+    assert result.ops.phase == "backward" and result.ops.first.op == "aten::sigmoid_backward"
+    assert result.ops.first.source.line == _line("SIGMOID_LINE"), "backward ops point at their forward line"
+
+
+def test_fault_inside_a_leaf_module_names_that_module(neuron):
+    torch.manual_seed(0)
+    emulator.set_faults("perturb@aten::gelu,rel=0.02")
+    result = _run(Net(odd=None, act=nn.GELU()))
+    assert result.culprit == "act" and result.ops.first.op == "aten::gelu"
+    assert result.ops.first.source.file == __file__, "a torch module's op is placed at the user's call"
+
+
+def test_target_raising_names_the_module_and_op(neuron, model):
+    emulator.set_faults("raise@aten::atan")
+    result = _run(model)
+    failure = result.target_failure
+    assert failure is not None and not result
+    assert failure.module == "blocks.2" and failure.op == "aten::atan"
+    assert failure.source.line == _line("ATAN_LINE")
+    assert "injected fault" in failure.message
+
+
+def test_reference_failure_is_the_scripts_problem(neuron):
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(5, 2))
+    with pytest.raises(ReferenceFailure, match=r"raised on the reference in 1 .*mat1 and mat2") as info:
+        localize(model, (torch.randn(2, 4),), target_device="neuron")
+    assert info.value.module == "1"
+
+
+def test_trace_sees_cpu_tensors_created_in_forward(neuron):
+    class Leaky(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            mask = torch.ones(4)  # CPU_LINE
+            return self.lin(x) * mask
+
+    result = localize(Leaky(), (torch.randn(2, 4),), target_device="neuron", source_files=[__file__])
+    created = [e for e in result.trace if e.factory and e.output_devices == ("cpu",)]
+    assert [e.op for e in created] == ["aten::ones"] and created[0].source.line == _line("CPU_LINE")
+    mixed = [e for e in result.trace if e.cpu_inputs and "neuron" in e.input_devices]
+    assert [e.op for e in mixed] == ["aten::mul"] and mixed[0].module == "(model)"
+
+
+def test_random_forward_makes_the_reference_nondeterministic(neuron):
+    class Noisy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x) + torch.rand(4, device=x.device)
+
+    result = localize(Noisy(), (torch.randn(2, 4),), target_device="neuron")
+    assert not result.reference_deterministic and result.notes
+
+
+def test_gradient_of_the_output_stands_in_for_an_unknown_loss(neuron, model):
+    """An unchanged training script's loss is not known: the gradient it sent into the output is used."""
+    emulator.set_faults("perturb@aten::atan,rel=0.01")
+    torch.manual_seed(0)
+    x = torch.randn(8, WIDTH)
+    result = localize(model, (x,), target_device="neuron", grad_output=[torch.ones(8, 3)], source_files=[__file__])
+    assert result.gradients is not None and any(x.phase == "backward" for x in result.layers)
+    assert result.culprit == "blocks.2"
+
+
+def test_to_dict_is_json_ready(neuron, model):
+    import json
+
+    emulator.set_faults("perturb@aten::atan,rel=0.01")
+    data = json.loads(json.dumps(_run(model).to_dict()))
+    assert data["culprit"] == "blocks.2" and data["ops"]["first"]["op"] == "aten::atan"
+    assert data["layers"][0]["phase"] == "forward"

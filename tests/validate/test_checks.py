@@ -1,0 +1,157 @@
+"""Script inspection, the explanations table, the checks and the verdict, on hand-built observations."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.validate.checks import CheckContext, check_placement, check_recompilation, check_wide_dtypes, run_checks
+from conformance.validate.explain import explain
+from conformance.validate.script import FUNCTIONS, TRAINING, ScriptError, inspect_script
+from conformance.validate.verdict import NOT_READY, READY, READY_WITH_WARNINGS, Finding, verdict_of
+
+CTX = CheckContext(target="neuron (emulated)", reference="cpu", device="neuron", mode="compile", emulated=True)
+
+
+def write(tmp_path, text: str, name: str = "script.py") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# ---------------------------------------------------------------- script inspection
+def test_functions_convention(tmp_path):
+    info = inspect_script(write(tmp_path, "def get_model(): pass\ndef get_inputs(): pass\ndef loss_fn(o): pass\n"))
+    assert info.convention == FUNCTIONS and info.model_name == "get_model" and info.has_loss_fn
+
+
+def test_values_convention(tmp_path):
+    info = inspect_script(write(tmp_path, "model = 1\nexample_inputs = 2\n"))
+    assert info.convention == FUNCTIONS and info.inputs_name == "example_inputs"
+
+
+def test_training_script_with_a_device_option(tmp_path):
+    info = inspect_script(write(tmp_path, "import argparse\np = argparse.ArgumentParser()\n"
+                                          "p.add_argument('--device', default='cpu')\nmodel = 3\nloss.backward()\n"))
+    assert info.convention == TRAINING and info.device_option == "--device" and info.calls_backward
+
+
+@pytest.mark.parametrize("text, message", [
+    ("def f(:\n", r"script.py:1: syntax error"),
+    ("def get_model(): pass\n", r"defines get_model\(\) but no get_inputs\(\)"),
+    ("def get_inputs(): pass\n", r"defines get_inputs but no get_model\(\)"),
+])
+def test_bad_scripts(tmp_path, text, message):
+    with pytest.raises(ScriptError, match=message):
+        inspect_script(write(tmp_path, text))
+
+
+def test_missing_directory_and_wrong_suffix(tmp_path):
+    with pytest.raises(ScriptError, match="no such file"):
+        inspect_script(str(tmp_path / "nope.py"))
+    with pytest.raises(ScriptError, match="is a directory"):
+        inspect_script(str(tmp_path))
+    with pytest.raises(ScriptError, match=r"ending in \.py"):
+        inspect_script(write(tmp_path, "x = 1", name="script.txt"))
+
+
+# ---------------------------------------------------------------- explanations
+PROFILE_2_27 = {"emulator_profile": {"approximate_activations": True, "auto_cast": "none",
+                                     "activation_ranges": [["aten::gelu", -16, 16], ["aten::tanh", -16, 16]]}}
+PROFILE_BF16 = {"emulator_profile": {"approximate_activations": False, "auto_cast": "matmult", "activation_ranges": []}}
+
+
+def test_table_activation_within_its_bound_is_explained():
+    assert explain("aten::gelu", 1.1e-5, PROFILE_2_27).feature == "activation tables"
+    assert explain("aten::gelu_backward", 1e-5, PROFILE_2_27) is not None
+
+
+def test_a_one_percent_error_is_never_explained():
+    assert explain("aten::gelu", 1e-2, PROFILE_2_27) is None, "1% is a wrong op, not a table"
+    assert explain("aten::atan", 1e-6, PROFILE_2_27) is None, "atan is not table-driven"
+
+
+def test_auto_cast_explains_matmuls_only():
+    assert explain("aten::addmm", 2.7e-3, PROFILE_BF16).feature == "auto-cast"
+    assert explain("aten::add", 2.7e-3, PROFILE_BF16) is None
+    assert explain("aten::addmm", 2.7e-3, PROFILE_2_27) is None, "no auto-cast in neuron-2.27"
+
+
+def test_real_neuron_reads_the_compiler_flags():
+    manifest = {"kind": "neuron", "env": {"NEURON_CC_FLAGS": "--auto-cast matmult --auto-cast-type bf16"}}
+    assert explain("aten::mm", 1e-3, manifest).feature == "auto-cast"
+    assert explain("aten::tanh", 1e-5, manifest).feature == "activation tables"
+
+
+# ---------------------------------------------------------------- checks
+def test_recompilation_names_the_varying_dim_and_suggests_padding():
+    events = [{"graph": i, "shapes": [[100, 32], [8, n]], "dtypes": ["float32", "int64"], "narrowed": [1]}
+              for i, n in enumerate((9, 14, 23, 31, 40, 52))]
+    (finding,) = check_recompilation({"target": {"compile": {"events": events}}}, CTX)
+    assert finding.severity == "warning" and "6 times for 6 different input shapes" in finding.title
+    assert "input 1 dim 1: 9, 14, 23, 31, 40, 52" in finding.detail
+    assert "pad input 1 dim 1 to 52 (1 graph)" in finding.hint and "16, 32, 64: 3 graphs" in finding.hint
+
+
+def test_recompiling_the_same_shape_is_a_guard_problem():
+    events = [{"graph": i, "shapes": [[4, 4]], "dtypes": ["float32"], "narrowed": []} for i in range(3)]
+    (finding,) = check_recompilation({"target": {"compile": {"events": events}}}, CTX)
+    assert "recompiled 2 times for input shapes it had compiled before" in finding.title
+
+
+def test_one_graph_is_fine():
+    events = [{"graph": 0, "shapes": [[4, 4]], "dtypes": ["float32"], "narrowed": []}]
+    (finding,) = check_recompilation({"target": {"compile": {"events": events}}}, CTX)
+    assert finding.severity == "info"
+
+
+def test_wide_dtypes():
+    obs = {"target": {"wide_tensors": [
+        {"name": "ids", "dtype": "int64", "shape": [2, 3], "fits": True},
+        {"name": "big", "dtype": "int64", "shape": [2], "fits": False},
+        {"name": "w", "dtype": "float64", "shape": [3], "fits": False}],
+        "compile": {"events": [], "narrowing_losses": ["graph 0 input 1 (torch.int64, shape (2,)) changed when narrowed"]}}}
+    by_subject = {f.subject: f for f in check_wide_dtypes(obs, CTX)}
+    assert by_subject["int64"].severity == "info"
+    assert by_subject["int64-overflow"].severity == "warning" and "big (2,)" in by_subject["int64-overflow"].title
+    assert by_subject["float64"].severity == "warning"
+    assert any(k.startswith("narrowed:") for k in by_subject)
+
+
+def test_placement_findings_and_the_origin_of_a_cpu_tensor():
+    src = lambda line: {"file": "/x/m.py", "line": line, "function": "forward", "text": f"m.py:{line} in forward"}  # noqa: E731
+    obs = {"placement_events": [
+        {"kind": "cpu_tensor", "op": "aten::ones", "source": src(10), "module": "attn", "count": 1},
+        {"kind": "mixed", "op": "aten::masked_fill", "source": src(11), "module": "attn", "count": 1},
+        {"kind": "to_host", "op": "aten::_to_copy", "source": src(12), "module": "attn", "count": 3}],
+        "target": {"placement": {"cpu_state": [], "plain_tensors": [
+            {"name": "pe", "device": "cpu", "shape": [4], "dtype": "float32"}]}}}
+    findings = check_placement(obs, CTX)
+    mixed = next(f for f in findings if f.subject.startswith("mixed"))
+    assert mixed.severity == "error" and "m.py:10" in mixed.hint and mixed.where == "m.py:11 in forward"
+    assert {f.severity for f in findings if not f.subject.startswith("mixed")} == {"warning"}
+    assert any("(3 times)" in f.title for f in findings)
+    assert any("pe (4,)" in f.title and "register_buffer" in f.hint for f in findings)
+
+
+def test_verdict():
+    info = Finding(check="runs", severity="info", title="ok")
+    warn = Finding(check="host-fallback", severity="warning", title="w", subject="aten::histc")
+    err = Finding(check="numerics", severity="error", title="e")
+    assert verdict_of([info]) == READY
+    assert verdict_of([info, warn]) == READY_WITH_WARNINGS
+    assert verdict_of([warn, err]) == NOT_READY
+    assert warn.key == "host-fallback:aten::histc"
+    with pytest.raises(ValueError, match="severity='fatal'"):
+        Finding(check="x", severity="fatal", title="t")
+
+
+def test_curves_and_same_start():
+    curve = lambda losses: {"label": "x", "losses": losses, "step_seconds": [0.1] * len(losses)}  # noqa: E731
+    obs = {"reference": {"curve": curve([2.0, 1.5, 1.0, 0.8]), "fingerprints": {"parameters": "a", "inputs": "b"}},
+           "target": {"curve": curve([2.0, 2.0, 2.0, 2.0]), "fingerprints": {"parameters": "c", "inputs": "b"}}}
+    findings = run_checks(obs, CTX)
+    by_check = {f.check: f for f in findings}
+    assert by_check["loss-curves"].severity == "error" and "diverge at step 1" in by_check["loss-curves"].title
+    assert by_check["same-start"].subject == "parameters"
+    assert "different parameters" in by_check["loss-curves"].hint
+    assert verdict_of(findings) == NOT_READY

@@ -1,0 +1,115 @@
+"""Each example script gets the verdict and the findings its design implies (default neuron-2.27 profile).
+
+These run the installed command end to end: child processes, the emulated
+device, reports on disk. The expectations are written in each example's
+docstring.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tests.validate.conftest import example
+
+
+def _line_of(path: str, marker: str) -> int:
+    with open(path) as f:
+        return next(i for i, line in enumerate(f, 1) if marker in line)
+
+
+def test_tiny_gpt_is_ready_with_a_gelu_table_warning(validate):
+    run = validate(example("tiny_gpt.py"))
+    assert run.returncode == 0, run.stderr
+    r = run.report
+    assert r["verdict"] == "ready with warnings" and r["script"]["convention"] == "training"
+    (numerics,) = run.findings("numerics", "warning")
+    assert numerics["data"]["op"] == "aten::gelu" and numerics["data"]["culprit"] == "blocks.0.mlp.1"
+    assert numerics["data"]["explained_by"] == "activation tables"
+    assert numerics["where"].startswith("examples/tiny_gpt.py:") or "tiny_gpt.py:" in numerics["where"]
+    assert r["curves"]["ok"] and r["curves"]["steps"] == 30
+    assert run.findings("runs", "info") and run.findings("speed")
+    assert not run.findings(severity="error")
+    # the terminal summary ends with the verdict and the report paths
+    assert "READY WITH WARNINGS" in run.stdout and "report.html" in run.stdout
+
+
+def test_tiny_gpt_under_exact_is_ready(validate):
+    run = validate(example("tiny_gpt.py"), "--emulator-profile", "exact")
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
+    assert run.report["curves"]["max_abs_gap"] == 0
+
+
+def test_vision_classifier_is_ready(validate):
+    run = validate(example("vision_classifier.py"))
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
+    assert run.report["script"]["convention"] == "functions"
+    assert run.report["model"]["loss"] == "loss_fn(output)"
+    assert run.findings("numerics", "info") and run.report["curves"]["ok"]
+
+
+def test_device_bug_is_not_ready_and_points_at_both_bugs(validate):
+    path = example("device_bug.py")
+    run = validate(path)
+    assert run.returncode == 1 and run.report["verdict"] == "not ready", run.stdout
+    errors = run.findings("placement", "error")
+    mixed = {f["title"].split()[0]: f for f in errors}
+    assert set(mixed) == {"aten::masked_fill", "aten::add"}
+    assert mixed["aten::masked_fill"]["where"].endswith(f"device_bug.py:{_line_of(path, 'scores.masked_fill')} in forward")
+    assert f"device_bug.py:{_line_of(path, 'bug 1')}" in mixed["aten::masked_fill"]["hint"]
+    assert "positions" in mixed["aten::add"]["hint"]
+    warnings = {f["subject"].split(":")[0] for f in run.findings("placement", "warning")}
+    assert warnings == {"cpu_tensor", "plain"}
+    assert run.findings("runs", "info"), "the emulated device runs it (silently copying): the report says why it is not ready"
+
+
+def test_spectral_filter_is_ready_with_host_fallback_warnings(validate):
+    path = example("spectral_filter.py")
+    run = validate(path)
+    assert run.returncode == 0 and run.report["verdict"] == "ready with warnings", run.stdout
+    fallback = {f["subject"]: f for f in run.findings("host-fallback", "warning")}
+    assert {"aten::_fft_r2c", "aten::_fft_c2r"} <= set(fallback)
+    assert fallback["aten::_fft_r2c"]["where"].endswith(f"spectral_filter.py:{_line_of(path, 'rfft(x')} in forward")
+    assert {f["severity"] for f in run.report["findings"]} == {"warning", "info"}
+    assert run.findings("numerics", "info"), "the host computes it exactly"
+
+
+def test_varying_shapes_recompile_in_compile_mode(validate):
+    run = validate(example("varying_shapes.py"), "--mode", "compile")
+    assert run.returncode == 0 and run.report["verdict"] == "ready with warnings", run.stdout
+    (recompile,) = run.findings("recompilation", "warning")
+    assert "6 different input shapes" in recompile["title"]
+    assert recompile["data"]["varying"][0]["values"] == [9, 14, 23, 31, 40, 52]
+    assert "pad input" in recompile["hint"]
+    assert run.findings("wide-dtypes"), "int64 token ids are narrowed in compiled graphs"
+    assert run.report["mode"] == "compile" and "torch.compile" in run.report["target"]["label"]
+
+
+def test_perturbed_block_is_ready_without_a_fault(validate):
+    run = validate(example("perturbed_block.py"))
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
+
+
+def test_perturbed_block_names_the_layer_and_op_under_a_fault(validate):
+    path = example("perturbed_block.py")
+    run = validate(path, env={"NEURON_VALIDATE_FAULTS": "perturb@aten::atan,rel=0.01"})
+    assert run.returncode == 1 and run.report["verdict"] == "not ready", run.stdout
+    (numerics,) = run.findings("numerics", "error")
+    assert numerics["data"]["culprit"] == "blocks.2" and numerics["data"]["op"] == "aten::atan"
+    assert numerics["where"].endswith(f"perturbed_block.py:{_line_of(path, 'torch.atan(h)')} in forward")
+    assert "blocks.2" in run.stdout and "aten::atan" in run.stdout
+    assert run.report["manifest"]["target"]["emulator_active_faults"] == ["perturb@aten::atan,rel=0.01"]
+
+
+def test_reports_are_complete_and_self_contained(validate):
+    run = validate(example("tiny_gpt.py"))
+    r = run.report
+    manifest = r["manifest"]
+    assert manifest["target"]["emulator_profile"]["name"] == "neuron-2.27"
+    assert manifest["target"]["torch"] and manifest["reference"]["kind"] == "cpu"
+    assert "NEURON_VALIDATE_EMULATOR_AUTOLOAD" in manifest["reference"]["env"], "the reference's environment is kept"
+    assert len(r["script"]["sha256"]) == 64 and r["command"][0] == "neuron-validate"
+    html = open(os.path.join(run.out, "report.html")).read()
+    assert html.count("<svg") >= 2 and "src=\"http" not in html and "<link" not in html
+    assert "READY WITH WARNINGS" in html and "aten::gelu" in html
+    for name in ("loss_curves.png", "loss_curves.svg", "layers.png", "layers.svg"):
+        assert os.path.getsize(os.path.join(run.out, name)) > 1000
