@@ -1,0 +1,54 @@
+"""The local pool's isolation: a segfault or a bloated worker costs one case, not the run.
+
+(Hangs on the local pool are covered by tests/op_tests/test_fault_detection.py; on Ray by
+tests/conformance/test_ray_executor.py.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conformance.outcome import Status
+from conformance.pool import LocalPool
+from conformance.settings import RunSettings
+from op_tests.sources import OpSelection, op_cases
+
+FAULTS = "crash@aten::sort"
+
+
+def cases(*ops: str):
+    return op_cases(OpSelection(patterns=ops, dtypes=("float32",), directions=("forward",)))
+
+
+def settings(tmp_path, **kw) -> RunSettings:
+    env = {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact", "NEURON_VALIDATE_FAULTS": FAULTS}
+    return RunSettings(target="neuron", timeout_s=kw.pop("timeout_s", 120.0), artifacts_dir=str(tmp_path / "artifacts"),
+                       env=env, **kw)
+
+
+def test_a_segfault_is_a_crash_outcome_and_the_run_goes_on(tmp_path):
+    selected = [c for c in cases("tanh", "sort", "add") if c.config["source"] == "opinfo"]
+    with LocalPool(settings(tmp_path), jobs=1) as pool:
+        got = [o for o in pool.run(selected)]
+    assert sorted(o.case_id for o in got) == sorted(c.id for c in selected), "every case has exactly one outcome"
+    by_name = {c.name: o for c in selected for o in got if o.case_id == c.id}
+    crash = by_name["sort"]
+    assert crash.status is Status.CRASH and "worker process died: SIG" in crash.message, crash
+    assert by_name["tanh"].status is Status.PASS and by_name["add"].status is Status.PASS
+    # Written by the replacement worker, since the dead one cannot.
+    assert crash.repro and Path(crash.repro).is_file(), crash.evidence
+
+
+def test_rss_cap_stops_the_worker(tmp_path):
+    (case,) = [c for c in cases("tanh") if c.config["source"] == "opinfo"]
+    with LocalPool(settings(tmp_path, rss_limit_mb=64), jobs=1) as pool:
+        (outcome,) = pool.run([case])
+    assert outcome.status is Status.CRASH and "exceeded the RSS cap" in outcome.message
+    assert outcome.evidence["rss_limit_mb"] == 64
+
+
+def test_jobs_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match=r"jobs=0 \(type=int\): must be >= 1"):
+        LocalPool(settings(tmp_path), jobs=0)
