@@ -52,7 +52,10 @@ class ModelEntry:
     ``sizes`` and ``batches`` list the values the configuration space takes,
     the default (tiny) one first. ``knob_values`` maps each size knob the
     architecture has to the non-default values the space tries; a knob that
-    is absent is not supported. ``meta`` holds what the family's builder needs
+    is absent is not supported. ``unsupported`` lists combinations of axis
+    values the architecture cannot run, each with its reason (FlexAttention
+    has no CPU backward: ``({"attn": ("flex",), "mode": ("train", "steps")},
+    "...")``); the space leaves them out and ``check`` refuses them. ``meta`` holds what the family's builder needs
     (a timm kwargs dict, an HF model type and task) and is read-only.
     """
 
@@ -69,6 +72,7 @@ class ModelEntry:
     steps: int = 3
     knob_values: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     variant_of: str | None = None
+    unsupported: tuple[tuple[Mapping[str, tuple[Any, ...]], str], ...] = ()
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -118,6 +122,16 @@ class ModelEntry:
             if knob not in self.knob_values:
                 have = ", ".join(self.knob_values) or "none"
                 raise ModelBuildError(f"{self.name}: no {knob!r} knob (knobs: {have})")
+        reason = self.unsupported_reason(config.to_dict())
+        if reason:
+            raise ModelBuildError(f"{self.name}: not supported: {reason}")
+
+    def unsupported_reason(self, axes: Mapping[str, Any]) -> str | None:
+        """The reason ``axes`` (axis name -> value) is an unsupported combination, else None."""
+        for rule, reason in self.unsupported:
+            if all(axes.get(axis) in values for axis, values in rule.items()):
+                return reason
+        return None
 
     def to_summary(self) -> dict[str, Any]:
         """A JSON-ready description for ``--list`` and dashboards."""

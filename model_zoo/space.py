@@ -77,7 +77,16 @@ def enumerate_configs(families: Iterable[str] | None = None, patterns: Iterable[
     for entry in _select(families, patterns, exclude):
         values = _axis_values(entry, where)
         for combo in itertools.product(*(values[a] for a in AXES)):
-            yield _make(entry, dict(zip(AXES, combo)))
+            choice = dict(zip(AXES, combo))
+            if entry.unsupported and not _supported(entry, choice):
+                continue
+            yield _make(entry, choice)
+
+
+def _supported(entry: ModelEntry, choice: Mapping[str, Any]) -> bool:
+    axes = {"dtype": choice["dtype"], "batch": choice["batch"], "size": choice["size"], "mode": choice["mode"][0],
+            "execution": choice["execution"], "attn": choice["attn"], **choice["knobs"]}
+    return entry.unsupported_reason(axes) is None
 
 
 def count_configs(families: Iterable[str] | None = None, patterns: Iterable[str] | str | None = None, *,
@@ -92,26 +101,51 @@ def count_configs(families: Iterable[str] | None = None, patterns: Iterable[str]
     out: dict[str, Any] = {"total": 0, "entries": 0, "architectures": 0, "families": {}, "axes": {a: Counter() for a in AXES}}
     for entry in _select(families, patterns, exclude):
         values = _axis_values(entry, where)
-        total = 1
-        for axis in AXES:
-            total *= len(values[axis])
         fam = out["families"].setdefault(entry.family, {"total": 0, "entries": 0, "architectures": 0,
                                                         "axes": {a: Counter() for a in AXES}})
         for bucket in (out, fam):
-            bucket["total"] += total
             bucket["entries"] += 1
             bucket["architectures"] += entry.variant_of is None
-            if not total:
-                continue
-            for axis in AXES:
-                share = total // len(values[axis])
-                for v in values[axis]:
-                    label = v[0] if axis == "mode" else _knob_label(v) if axis == "knobs" else v
-                    bucket["axes"][axis][label] += share
+        if len(entry.unsupported) == 1 and set(entry.unsupported[0][0]) <= set(AXES) - {"knobs"}:
+            _tally((out, fam), values, _product(values))
+            _untally((out, fam), values, entry.unsupported[0][0])
+        elif entry.unsupported:  # overlapping exclusions: count configs one by one
+            for combo in itertools.product(*(values[a] for a in AXES)):
+                choice = dict(zip(AXES, combo))
+                if _supported(entry, choice):
+                    _tally((out, fam), {a: [choice[a]] for a in AXES}, 1)
+        else:
+            _tally((out, fam), values, _product(values))
     out["axes"] = {a: dict(c) for a, c in out["axes"].items()}
     for fam in out["families"].values():
         fam["axes"] = {a: dict(c) for a, c in fam["axes"].items()}
     return out
+
+
+def _tally(buckets: tuple[dict[str, Any], ...], values: dict[str, list[Any]], total: int) -> None:
+    """Adds ``total`` configs, spread evenly over ``values`` (a product), to each bucket."""
+    if not total:
+        return
+    for bucket in buckets:
+        bucket["total"] += total
+        for axis in AXES:
+            share = total // len(values[axis])
+            for v in values[axis]:
+                bucket["axes"][axis][_label(axis, v)] += share
+
+
+def _untally(buckets: tuple[dict[str, Any], ...], values: dict[str, list[Any]], rule: Mapping[str, Any]) -> None:
+    """Removes the configs one exclusion rule (a product of axis-value sets) takes out of ``values``."""
+    hit = {a: [v for v in values[a] if _label(a, v) in rule[a]] if a in rule else values[a] for a in AXES}
+    excluded = _product(hit)
+    if not excluded:
+        return
+    for bucket in buckets:
+        bucket["total"] -= excluded
+        for axis in AXES:
+            share = excluded // len(hit[axis])
+            for v in hit[axis]:
+                bucket["axes"][axis][_label(axis, v)] -= share
 
 
 def _base_choice(values: dict[str, list[Any]]) -> dict[str, Any] | None:
@@ -163,14 +197,14 @@ def sample_configs(n: int, seed: int, families: Iterable[str] | None = None,
         by_arch[e.architecture].append(e)
     for arch in sorted(by_arch):
         group = sorted(by_arch[arch], key=lambda e: (e.variant_of is not None, e.name))
-        take(_make(group[0], _base_choice(values_of[group[0].name])))
+        take(_make(group[0], _base_supported(group[0], values_of[group[0].name])))
     # 2. every task variant once, while the budget lasts
     variants = [e for e in eligible if e.variant_of is not None]
     rng.shuffle(variants)
     for e in variants:
         if len(chosen) >= n:
             break
-        take(_make(e, _base_choice(values_of[e.name])))
+        take(_make(e, _base_supported(e, values_of[e.name])))
     # 3. spread the rest over the axes: each draw takes each axis's least-used value the entry offers
     used: dict[str, Counter] = {a: Counter() for a in AXES}
     for cfg in chosen.values():
@@ -191,6 +225,9 @@ def sample_configs(n: int, seed: int, families: Iterable[str] | None = None,
                 labels = [_label(axis, v) for v in options]
                 low = min(used[axis][lab] for lab in labels)
                 choice[axis] = rng.choice([v for v, lab in zip(options, labels) if used[axis][lab] == low])
+            if e.unsupported and not _supported(e, choice):
+                misses += 1
+                continue
             cfg = _make(e, choice)
             if cfg.config_id in chosen:
                 misses += 1
@@ -199,6 +236,19 @@ def sample_configs(n: int, seed: int, families: Iterable[str] | None = None,
             for axis, label in _labels(cfg).items():
                 used[axis][label] += 1
     return list(chosen.values())
+
+
+def _base_supported(entry: ModelEntry, values: dict[str, list[Any]]) -> dict[str, Any]:
+    """The base choice, or the first supported combination when the base one is excluded."""
+    choice = _base_choice(values)
+    if not entry.unsupported or _supported(entry, choice):
+        return choice
+    for combo in itertools.product(*(values[a] for a in AXES)):
+        alt = dict(zip(AXES, combo))
+        if _supported(entry, alt):
+            return {**choice, **{a: alt[a] for a in AXES if a in ("mode", "attn")}} \
+                if _supported(entry, {**choice, "mode": alt["mode"], "attn": alt["attn"]}) else alt
+    return choice
 
 
 def _label(axis: str, value: Any) -> Any:

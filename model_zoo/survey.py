@@ -52,13 +52,16 @@ def _train_once(built: Any) -> tuple[float, str, int, int]:
 
     model = built.model
     model.zero_grad(set_to_none=True)
-    outputs = model(**built.inputs)
-    loss = built.loss_fn(outputs, built.inputs)
+    train = built.config is None or built.config.mode != "eval"
+    with torch.enable_grad() if train else torch.no_grad():
+        outputs = model(**built.inputs)
+        loss = built.loss_fn(outputs, built.inputs)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise TypeError(f"loss_fn returned {type(loss).__name__}, not a scalar tensor")
     if not torch.isfinite(loss).all():
         raise FloatingPointError(f"non-finite loss {loss.item()}")
-    loss.backward()
+    if train:
+        loss.backward()
     params = [p for p in model.parameters() if p.requires_grad]
     grads = [p.grad for p in params]
     with_grad = sum(g is not None for g in grads)
@@ -69,10 +72,12 @@ def survey_one(name: str) -> dict[str, Any]:
     """Builds and trains ``name`` twice; returns its status record (raises on failure)."""
     import torch
 
-    from . import build, default_config
+    from . import build, default_config, get_entry
     from .errors import ModelBuildError
 
     config = default_config(name, mode="train")
+    if get_entry(name).unsupported_reason(config.to_dict()):  # e.g. FlexAttention: no CPU backward
+        config = config.replace(mode="eval")
     start = time.perf_counter()
     try:
         built = build(config)
@@ -98,7 +103,7 @@ def survey_one(name: str) -> dict[str, Any]:
         _digest([v for v in again.inputs.values() if isinstance(v, torch.Tensor)])
     record = {"status": "ok", "build_s": round(build_s, 3), "run_s": round(run_s, 3), "params": n_params,
               "loss": loss, "params_with_grad": with_grad, "trainable_tensors": trainable,
-              "config_id": config.config_id, "size": config.size, "batch": config.batch}
+              "config_id": config.config_id, "size": config.size, "batch": config.batch, "mode": config.mode}
     problems = []
     if digest != digest2:
         problems.append("forward/backward differs between two runs (global RNG or nondeterministic kernel)")

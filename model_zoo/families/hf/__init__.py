@@ -15,6 +15,8 @@ from ...registry import ModelEntry, register_family
 from .builder import build_hf
 from .catalog import load_catalog
 
+FLEX_NO_BACKWARD = "FlexAttention has no backward on CPU in this torch; train with attn=sdpa or attn=eager"
+
 SIZES = {"text": (16, 32), "image": (32, 64), "image+text": (32, 64), "video": (32, 64), "video+text": (32, 64),
          "audio": (16, 32), "audio+text": (16, 32), "time_series": (16, 32), "other": (16, 32)}
 
@@ -31,12 +33,14 @@ def hf_entries() -> Iterator[ModelEntry]:
             knobs = {"layers": (1, 4), "hidden": (64,), "heads": (2,)}
             if record.get("moe"):
                 knobs["experts"] = (2, 8)
+            attn = tuple((record.get("attn") or {}).get(task) or ("default",))
+            unsupported = ((({"attn": ("flex",), "mode": ("train", "steps")}, FLEX_NO_BACKWARD),) if "flex" in attn else ())
             yield ModelEntry(
                 name=name, modality=modality, builder=build_hf, tasks=(task,) if task else (),
-                attn=tuple((record.get("attn") or {}).get(task) or ("default",)),
+                attn=attn, unsupported=unsupported,
                 sizes=SIZES.get(modality, (16, 32)), batches=(2, 1), knob_values=knobs,
                 variant_of=None if is_primary else f"hf/{model_type}",
                 meta={"model_type": model_type, "task": task, "class_name": class_name, "module": record.get("module"),
-                      "subconfig": record.get("subconfig", False),
+                      "subconfig": record.get("subconfig", False), "mrope": record.get("mrope", False),
                       "unavailable": (record.get("unavailable") or {}).get(task)},
             )

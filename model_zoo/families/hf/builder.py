@@ -11,7 +11,7 @@ from ...errors import ModelBuildError
 from ...registry import ModelEntry
 from . import fixups
 from .inputs import InputContext, generic_inputs, signature_params
-from .shrink import Plan, shrink_dict
+from .shrink import Plan, add_mrope_sections, shrink_dict
 
 ATTN_NAMES = {"eager": "eager", "sdpa": "sdpa", "flex": "flex_attention"}
 IMAGE_MODALITIES = ("image", "image+text", "video", "video+text")
@@ -23,13 +23,15 @@ def plan_for(config: ModelConfig, entry: ModelEntry) -> Plan:
                 experts=config.experts or 4, image=image)
 
 
-def make_hf_config(model_type: str, plan: Plan, size: int, modality: str) -> Any:
+def make_hf_config(model_type: str, plan: Plan, size: int, modality: str, *, mrope: bool = False) -> Any:
     """The tiny config for ``model_type``: defaults, the generic shrink, then the family's fix-ups."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
     base = fixups.base_config(model_type, cls)
     data = shrink_dict(base.to_dict(), plan)
+    if mrope:
+        add_mrope_sections(data, plan)
     fixups.fix_config_dict(model_type, data, plan, size=size, modality=modality)
     cfg = cls.from_dict(data)
     fixups.fix_config(model_type, cfg, plan, size=size, modality=modality)
@@ -55,7 +57,7 @@ def build_hf(config: ModelConfig, entry: ModelEntry) -> BuiltModel:
     if model_cls is None:
         raise ModelBuildError(f"{entry.name}: cannot import {class_name}")
     plan = plan_for(config, entry)
-    hf_config = make_hf_config(meta["model_type"], plan, config.size, entry.modality)
+    hf_config = make_hf_config(meta["model_type"], plan, config.size, entry.modality, mrope=bool(meta.get("mrope")))
     kwargs: dict[str, Any] = {}
     if config.attn != "default":
         kwargs["attn_implementation"] = ATTN_NAMES[config.attn]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import inspect
 import json
 import sys
@@ -158,8 +159,24 @@ def build_catalog() -> dict[str, Any]:
         except Exception:  # noqa: BLE001 - configs that need arguments
             defaults = {}
         record["moe"] = _has_experts(defaults)
+        record["mrope"] = _source_mentions(record["module"], "mrope_section")
         types[model_type] = record
     return {"version": transformers.__version__, "types": types}
+
+
+def _source_mentions(module: str, text: str) -> bool:
+    """Whether the family's modeling source mentions ``text`` (M-RoPE models default a section in code)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    for folder in spec.submodule_search_locations:
+        for path in Path(folder).glob("modeling_*.py"):
+            if text in path.read_text(errors="ignore"):
+                return True
+    return False
 
 
 def _has_experts(d: Any) -> bool:

@@ -147,7 +147,9 @@ def generic_inputs(ctx: InputContext) -> dict[str, Any]:
     has_text = "input_ids" in p and ctx.modality not in ("image", "audio", "video", "time_series")
     if "past_values" in p:
         out.update(time_series_inputs(ctx))
-    if "pixel_values" in p and ctx.modality in ("image", "image+text", "video", "video+text", "other"):
+    if "image_grid_thw" in p and "pixel_values" in p and ctx.modality in ("image+text", "image"):
+        out.update(grid_vision_inputs(ctx))
+    elif "pixel_values" in p and ctx.modality in ("image", "image+text", "video", "video+text", "other"):
         channels, side = image_geometry(ctx)
         if ctx.modality.startswith("video"):
             frames = int(getattr(ctx.sub("vision_config"), "num_frames", None) or getattr(ctx.config, "num_frames", None) or 4)
@@ -170,6 +172,8 @@ def generic_inputs(ctx: InputContext) -> dict[str, Any]:
             out["input_ids"] = ctx.tokens(b, text_len)
         if "attention_mask" in p:
             out["attention_mask"] = torch.ones_like(out["input_ids"])
+        if "mm_token_type_ids" in p and image_token_id(ctx.config) is not None:
+            out["mm_token_type_ids"] = (out["input_ids"] == image_token_id(ctx.config)).int()
     if getattr(ctx.config, "is_encoder_decoder", False) and "decoder_input_ids" in p and ctx.task not in SEQ2SEQ_TASKS | LM_TASKS:
         out["decoder_input_ids"] = ctx.tokens(b, min(text_len, 8))
     out.update(labels_for(ctx, out))
@@ -262,8 +266,8 @@ def time_series_inputs(ctx: InputContext) -> dict[str, Any]:
     channels = getattr(c, "num_input_channels", None) or getattr(c, "input_size", None) or 1
     shape = (b, past_len) if channels == 1 and "num_input_channels" not in vars(c) else (b, past_len, channels)
     out: dict[str, Any] = {"past_values": ctx.randn(*shape)}
-    n_time = int(getattr(c, "num_time_features", 0) or 0)
-    if "past_time_features" in p and n_time:
+    n_time = int(getattr(c, "num_time_features", 0) or 0) or 1
+    if "past_time_features" in p:
         out["past_time_features"] = ctx.randn(b, past_len, n_time)
     if "past_observed_mask" in p:
         out["past_observed_mask"] = torch.ones(shape)
@@ -271,7 +275,7 @@ def time_series_inputs(ctx: InputContext) -> dict[str, Any]:
     if pred and "future_values" in p:
         fshape = (b, pred) if len(shape) == 2 else (b, pred, channels)
         out["future_values"] = ctx.randn(*fshape)
-        if "future_time_features" in p and n_time:
+        if "future_time_features" in p:
             out["future_time_features"] = ctx.randn(b, pred, n_time)
     return out
 
@@ -307,12 +311,38 @@ def image_token_id(config: Any) -> int | None:
     return None
 
 
+def grid_vision_inputs(ctx: InputContext) -> dict[str, Any]:
+    """Qwen2-VL style vision input: flattened patches plus a (t, h, w) grid per image."""
+    vision = ctx.sub("vision_config", "vision_tower_config")
+    patch = int(_first_int(vision, ("patch_size", "spatial_patch_size")) or 8)
+    temporal = int(_first_int(vision, ("temporal_patch_size",)) or 1)
+    merge = int(_first_int(vision, ("spatial_merge_size", "merge_size")) or 1)
+    channels = int(_first_int(vision, ("in_channels", "num_channels", "in_chans")) or 3)
+    side = int(_first_int(vision, ("image_size",)) or 32)
+    grid = max(merge, (side // patch) // merge * merge)
+    ctx.cache["grid_tokens"] = grid * grid // (merge * merge)
+    pixels = ctx.randn(ctx.batch * grid * grid, channels * temporal * patch * patch)
+    return {"pixel_values": pixels, "image_grid_thw": torch.tensor([[1, grid, grid]] * ctx.batch)}
+
+
+def _first_int(owner: Any, names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = getattr(owner, name, None)
+        if isinstance(value, (list, tuple)) and value and isinstance(value[0], int):
+            value = value[0]
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def with_image_tokens(ctx: InputContext, inputs: dict[str, Any], text_len: int) -> torch.Tensor:
-    """Token ids with each sample's image placeholders first, then text."""
+    """Token ids with each sample's image placeholders first (inside vision start/end markers), then text."""
     token = image_token_id(ctx.config)
     if token is None:
         return ctx.tokens(ctx.batch, text_len)
-    n = count_image_features(ctx, inputs)
+    if "image_tokens" not in ctx.cache:
+        ctx.cache["image_tokens"] = count_image_features(ctx, inputs) or ctx.cache.get("grid_tokens")
+    n = ctx.cache["image_tokens"]
     if n is None:
         for name in ("image_seq_length", "num_image_tokens", "mm_tokens_per_image", "image_seq_len", "num_query_tokens"):
             value = getattr(ctx.config, name, None)
@@ -321,5 +351,12 @@ def with_image_tokens(ctx: InputContext, inputs: dict[str, Any], text_len: int) 
                 break
     n = n or 1
     ids = ctx.tokens(ctx.batch, text_len)
-    placeholders = torch.full((ctx.batch, n), token, dtype=torch.long)
-    return torch.cat([placeholders, ids], dim=1)
+    parts = []
+    start = _first_int(ctx.config, ("vision_start_token_id", "image_start_token_id", "boi_token_id", "boi_token_index"))
+    end = _first_int(ctx.config, ("vision_end_token_id", "image_end_token_id", "eoi_token_id", "eoi_token_index"))
+    if start is not None:
+        parts.append(torch.full((ctx.batch, 1), start, dtype=torch.long))
+    parts.append(torch.full((ctx.batch, n), token, dtype=torch.long))
+    if end is not None:
+        parts.append(torch.full((ctx.batch, 1), end, dtype=torch.long))
+    return torch.cat(parts + [ids], dim=1)

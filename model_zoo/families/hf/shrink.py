@@ -81,8 +81,7 @@ INDEX_LIST_KEYS = ("global_attn_indexes", "fullatt_block_indexes", "deepstack_vi
                    "full_attention_layers", "full_attn_idxs", "cross_attention_layers", "sliding_window_layers",
                    "attn_layer_indices", "attn_layer_idx", "global_attention_layers")
 TOKEN_SUFFIX = ("_token_id", "_token_index", "token_id", "_token_ids", "_id_token")
-OFF_FLAGS = {"apply_spec_augment": False, "use_cache": False, "output_router_logits": False, "gradient_checkpointing": False,
-             "use_mask_token": None}
+OFF_FLAGS = {"apply_spec_augment": False, "use_cache": False, "output_router_logits": False, "gradient_checkpointing": False}
 ZERO_FLOATS = ("mask_time_prob", "mask_feature_prob", "layerdrop", "random_mask_ratio", "mask_ratio", "noise_std",
                "drop_rate", "stochastic_depth", "mask_prob", "masking_ratio")
 
@@ -147,7 +146,68 @@ def shrink_dict(d: dict[str, Any], plan: Plan, tokens: TokenMap | None = None) -
         out["pad_token_id"] = tokens(1 << 40)  # sequence classification needs a pad id with batch > 1
     _fix_rope(out, plan)
     _fix_mla(out, plan)
+    _fix_backbone_outputs(d, out, plan)
+    _fix_ssm(out, plan)
+    _fix_forecast(out)
     return out
+
+
+def _fix_backbone_outputs(orig: dict[str, Any], d: dict[str, Any], plan: Plan) -> None:
+    """A ViT-style backbone whose outputs name layers that no longer exist keeps one layer per output."""
+    for key in ("_out_indices", "out_indices"):
+        idx = d.get(key)
+        if not _int_list(idx) or "num_hidden_layers" not in d or not _is_int(d["num_hidden_layers"]):
+            continue
+        if max(idx) <= d["num_hidden_layers"] or "depths" in d or "hidden_sizes" in d:
+            continue
+        n = len(idx)
+        d["num_hidden_layers"] = max(n, d["num_hidden_layers"])
+        d[key] = type(idx)(range(d["num_hidden_layers"] - n + 1, d["num_hidden_layers"] + 1))
+        names = "_out_features" if key == "_out_indices" else "out_features"
+        if isinstance(d.get(names), (list, tuple)):
+            d[names] = [f"stage{i}" for i in d[key]]
+        if isinstance(d.get("stage_names"), list):
+            d["stage_names"] = ["stem"] + [f"stage{i}" for i in range(1, d["num_hidden_layers"] + 1)]
+
+
+def _fix_ssm(d: dict[str, Any], plan: Plan) -> None:
+    """Mamba-2 style blocks: heads x head dim must equal expand x hidden."""
+    for heads, head_dim, expand in (("mamba_n_heads", "mamba_d_head", "mamba_expand"),
+                                    ("num_heads", "head_dim", "expand"), ("mamba_num_heads", "mamba_head_dim", "mamba_expand"),
+                                    ("ssm_num_heads", "ssm_head_dim", "ssm_expand")):
+        if all(_is_int(d.get(k)) for k in (heads, head_dim)) and _is_int(d.get(expand)) \
+                and any(k in d for k in ("state_size", "mamba_d_state", "ssm_state_size", "mamba_d_conv", "n_groups", "mamba_n_groups")):
+            width = d.get("hidden_size") if _is_int(d.get("hidden_size")) else plan.hidden
+            inner = d[expand] * width
+            d[head_dim] = min(d[head_dim], 8)
+            d[heads] = max(1, inner // d[head_dim])
+    for key in ("n_groups", "mamba_n_groups", "ssm_n_groups"):
+        if _is_int(d.get(key)):
+            d[key] = 1
+    for key in ("state_size", "mamba_d_state", "ssm_state_size", "d_state"):
+        if _is_int(d.get(key)):
+            d[key] = min(d[key], 16)
+    if d.get("time_step_rank") not in (None, "auto") and _is_int(d.get("time_step_rank")):
+        d["time_step_rank"] = min(d["time_step_rank"], 8)
+    for key in ("mamba_d_ssm", "mamba_intermediate_size", "ssm_intermediate_size"):
+        if _is_int(d.get(key)):
+            d[key] = 2 * (d.get("hidden_size") if _is_int(d.get("hidden_size")) else plan.hidden)
+
+
+def _fix_forecast(d: dict[str, Any]) -> None:
+    """Forecasting configs that leave the horizon unset (Autoformer, Informer ...) get a small one."""
+    if d.get("num_time_features") == 0 and "lags_sequence" in d:
+        d["num_time_features"] = 1  # the forward takes time features even when a config has none
+    if "lags_sequence" in d:
+        d.pop("feature_size", None)  # derived from the lags and feature counts; let the config recompute it
+    if "prediction_length" in d and d["prediction_length"] is None:
+        d["prediction_length"] = 4
+    if "context_length" in d and d["context_length"] is None:
+        d["context_length"] = 16
+    if _is_int(d.get("context_length")) and d["context_length"] > 64:
+        d["context_length"] = 32
+    if _is_int(d.get("prediction_length")) and d["prediction_length"] > 32:
+        d["prediction_length"] = 8
 
 
 def _shrink_value(key: str, value: Any, d: dict[str, Any], plan: Plan, tokens: TokenMap,
@@ -169,7 +229,18 @@ def _shrink_value(key: str, value: Any, d: dict[str, Any], plan: Plan, tokens: T
         return _shrink_int_list(k, value, plan, tokens, orig_layers)
     if isinstance(value, (list, tuple)) and orig_layers and len(value) == orig_layers and orig_layers > plan.layers:
         return _per_layer(value, plan.layers)
+    if isinstance(value, dict) and value and all(_int_like(x) for x in value) and orig_layers and orig_layers > plan.layers:
+        # a per-layer table keyed by layer index (Gemma 4's per_layer_config): keep the layers that remain
+        kept = {x: v for x, v in value.items() if int(x) < plan.layers}
+        if not kept:  # keep the first entry, moved to the last remaining layer
+            first = sorted(value, key=int)[0]
+            kept = {type(first)(plan.layers - 1) if isinstance(first, int) else str(plan.layers - 1): value[first]}
+        return kept
     return value
+
+
+def _int_like(x: Any) -> bool:
+    return _is_int(x) or (isinstance(x, str) and x.isdigit())
 
 
 def _shrink_int(k: str, v: int, plan: Plan, tokens: TokenMap, orig_heads: int | None, d: dict[str, Any]) -> int:
@@ -196,6 +267,8 @@ def _shrink_int(k: str, v: int, plan: Plan, tokens: TokenMap, orig_heads: int | 
         return min(v, 16)
     if k == "qk_rope_head_dim":
         return min(v, 4)
+    if k in {"rotary_dim", "rotary_emb_dim", "rope_dim", "rotary_ndims", "rotary_embedding_dim"}:
+        return min(v, plan.head_dim)
     if k in HEAD_DIM_EXACT:
         return min(v, plan.head_dim)
     if k in {"num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num", "kv_heads",
@@ -317,6 +390,17 @@ def _split(total: int, weights: Any) -> list[int]:
         parts[i] += add
     parts[-1] += total - sum(parts)
     return parts
+
+
+def add_mrope_sections(d: dict[str, Any], plan: Plan) -> None:
+    """M-RoPE models (Qwen2-VL and kin) fall back to a hard-coded [16, 24, 24] section when the config has none;
+    give every text config one that fits the tiny head dim."""
+    for value in d.values():
+        if is_subconfig_dict(value):
+            add_mrope_sections(value, plan)
+    rope = d.get("rope_parameters")
+    if "vocab_size" in d and isinstance(rope, dict) and "mrope_section" not in rope:
+        d["rope_parameters"] = {**rope, "mrope_section": _split(max(3, _head_dim_of(d, plan) // 2), [2, 3, 3])}
 
 
 def _fix_mla(d: dict[str, Any], plan: Plan) -> None:
