@@ -15,10 +15,12 @@ import json
 import os
 import re
 from pathlib import Path
-
-from diff.curves import CurveComparison
+from typing import TYPE_CHECKING
 
 from .verdict import EXIT_CODES, Finding
+
+if TYPE_CHECKING:
+    from diff.curves import CurveComparison
 
 SCHEMA = "neuron-validate.report/1"
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}

@@ -53,6 +53,7 @@ class _Child:
     progress_pos: int = 0
     last_event: dict = field(default_factory=dict)
     timed_out: bool = False
+    stopped: bool = False  # killed because the reference failed
     stdout: object = None
     stderr: object = None
 
@@ -104,7 +105,17 @@ def _poll_progress(child: _Child, on_progress: ProgressFn | None) -> None:
             on_progress(event.get("side", child.side), event)
 
 
-def _wait(children: list[_Child], timeout_s: float, on_progress: ProgressFn | None) -> None:
+def _kill(child: _Child) -> None:
+    try:
+        os.killpg(child.process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    child.process.wait()
+
+
+def _wait(children: list[_Child], timeout_s: float, on_progress: ProgressFn | None,
+          reference_failed: Callable[[dict | None], bool] | None = None) -> None:
+    """Waits for the children; once the reference has failed (``reference_failed(its result)``), stops the rest."""
     while True:
         alive = False
         for c in children:
@@ -113,11 +124,15 @@ def _wait(children: list[_Child], timeout_s: float, on_progress: ProgressFn | No
                 alive = True
                 if time.monotonic() - c.started > timeout_s:
                     c.timed_out = True
-                    try:
-                        os.killpg(c.process.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    c.process.wait()
+                    _kill(c)
+        reference = next((c for c in children if c.side == "reference"), None)
+        if (alive and reference_failed is not None and reference is not None and reference.process.poll() is not None
+                and reference_failed(_read(reference, 0))):
+            for c in children:
+                if c.process.poll() is None:
+                    c.stopped = True
+                    _kill(c)
+            alive = False
         if not alive:
             break
         time.sleep(0.1)
@@ -150,7 +165,7 @@ def _describe_death(child: _Child, timeout_s: float) -> str:
 
 def _read(child: _Child, timeout_s: float) -> dict | None:
     path = Path(child.spec.out) / RESULT_FILE
-    if child.timed_out or not path.exists():
+    if child.timed_out or child.stopped or not path.exists():
         return None
     try:
         return json.loads(path.read_text())
@@ -192,7 +207,7 @@ def run_script(options: RunOptions, on_progress: ProgressFn | None = None) -> di
         tgt_spec = _spec(options, "target", "training", work / "target", threads)
         children = [_spawn("reference", ref_spec, "conformance.validate.bootstrap", options.reference),
                     _spawn("target", tgt_spec, "conformance.validate.bootstrap", options.reference)]
-        _wait(children, options.timeout_s, on_progress)
+        _wait(children, options.timeout_s, on_progress, reference_failed=lambda d: _fails(options, d))
         ref_data, tgt_data = (_read(c, options.timeout_s) for c in children)
         for d in (ref_data, tgt_data):
             if d is not None and d.get("script_problem"):
@@ -213,6 +228,17 @@ def run_script(options: RunOptions, on_progress: ProgressFn | None = None) -> di
         _check_training_script(options, data)
     data["seconds"] = time.monotonic() - start
     return data
+
+
+def _fails(options: RunOptions, data: dict | None) -> bool:
+    """Whether a reference result alone already makes the check a script problem."""
+    if data is None or data.get("script_problem"):
+        return True
+    try:
+        _check_training_script(options, {"reference": data.get("reference", {})})
+    except ScriptProblem:
+        return True
+    return False
 
 
 def _check_training_script(options: RunOptions, data: dict) -> None:
