@@ -24,7 +24,7 @@ def _encode(value: Any, tensors: list[torch.Tensor]):
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu()
         tensors.append(t.clone().contiguous() if t.layout == torch.strided else t)
-        return {"__t": len(tensors) - 1, "rg": bool(value.requires_grad)}
+        return {"__t": len(tensors) - 1, "rg": bool(value.requires_grad), "dev": value.device.type}
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -58,6 +58,7 @@ def _decode(node: Any, tensors: list, requires_grad: bool = False):
     if isinstance(node, dict):
         if "__t" in node:
             t = tensors[node["__t"]]
+            t._saved_on = node.get("dev", "cpu")  # where the tensor lived when it was saved
             return t.requires_grad_(True) if requires_grad and node.get("rg") else t
         if "__f" in node:
             return float(node["__f"])

@@ -49,22 +49,28 @@ def _tolerances() -> TolerancePolicy:
 
 
 # ---------------------------------------------------------------- samples
-def generate_samples(op, case: Case) -> list:
-    """The case's samples, deterministic for its seed (the reference inputs begin with the sample inputs)."""
+def generate_samples(op, case: Case, device) -> list:
+    """The case's samples, on ``device``, deterministic for its seed.
+
+    As PyTorch's own cross-device test does, OpInfo makes the samples on the
+    device under test, so arguments it deliberately keeps on the CPU (such as
+    tensor_split's index tensor) stay there; the reference gets CPU copies.
+    The reference inputs begin with the sample inputs.
+    """
     if case.config.get("source") == "hypothesis":
-        return hypothesis_samples(op, case)
+        return hypothesis_samples(op, case, device)
     dtype = to_dtype(case.dtype)
     limit = int(case.config.get("max_samples", 0))
     torch.manual_seed(case.seed)
     samples = []
-    for sample in op.reference_inputs("cpu", dtype, requires_grad=case.mode == "backward"):
+    for sample in op.reference_inputs(str(torch.device(device)), dtype, requires_grad=case.mode == "backward"):
         samples.append(sample)
         if limit and len(samples) >= limit:
             break
     return samples
 
 
-def hypothesis_samples(op, case: Case) -> list:
+def hypothesis_samples(op, case: Case, device) -> list:
     """Samples drawn from the strategies in op_tests/strategies.py; each sample's name is its spec's repr."""
     from torch.testing._internal.opinfo.core import SampleInput
 
@@ -76,7 +82,7 @@ def hypothesis_samples(op, case: Case) -> list:
     backward = case.mode == "backward"
 
     def make(spec):
-        t = spec.build()
+        t = same_layout_copy(spec.build(), device)  # values from the CPU generator, identical on every device
         return t.detach().requires_grad_() if backward else t
 
     samples = []
@@ -96,8 +102,8 @@ def same_layout_copy(t: torch.Tensor, device) -> torch.Tensor:
     """A copy on ``device`` with the same sizes, strides and storage offset.
 
     Kernels may take another code path for another layout (vectorised or not),
-    and with extreme values that changes results, so the target must see the
-    very layout the reference saw: non-contiguous, transposed, expanded or
+    and with extreme values that changes results, so the reference must see
+    the very layout the target saw: non-contiguous, transposed, expanded or
     channels-last.
     """
     if t.layout != torch.strided:
@@ -113,30 +119,73 @@ def same_layout_copy(t: torch.Tensor, device) -> torch.Tensor:
     return whole.as_strided(t.size(), t.stride(), t.storage_offset())
 
 
-def _copy_to(value, device, dtype_map: dict | None = None):
-    """Fresh leaf tensors on ``device`` (both sides get inputs built the same way).
+def _copy_to(value, device, dtype_map: dict | None = None, *, from_type: str | None = None):
+    """Fresh leaf tensors on ``device`` (with the same layout when the dtype is kept).
 
-    Samples are generated on the CPU, so a ``device`` keyword or a CPU device
-    object among the arguments is redirected to ``device`` as well.
+    Device arguments of the ``from_type`` device (``torch.device`` objects or
+    strings like "neuron:0") are redirected to ``device`` as well, so that
+    ``x.to("neuron")`` in a target sample becomes ``x.to("cpu")`` for the reference.
     """
     device = torch.device(device)
 
+    def is_from_device(v) -> bool:
+        if from_type is None:
+            return False
+        if isinstance(v, torch.device):
+            return v.type == from_type
+        if isinstance(v, str) and v.split(":")[0] == from_type:
+            try:
+                return torch.device(v).type == from_type
+            except RuntimeError:
+                return False
+        return False
+
     def move(t):
-        if isinstance(t, torch.device) and t.type == "cpu":
-            return device
+        if is_from_device(t):
+            return device if isinstance(t, torch.device) else str(device)
         if not isinstance(t, torch.Tensor):
             return t
         target_dtype = dtype_map.get(t.dtype, t.dtype) if dtype_map else t.dtype
-        if target_dtype == t.dtype and device.type != "cpu":
+        if target_dtype == t.dtype:
             out = same_layout_copy(t.detach(), device)
         else:
             out = t.detach().to(device=device, dtype=target_dtype)
         return out.requires_grad_(t.requires_grad) if (out.is_floating_point() or out.is_complex()) else out
 
-    moved = tree_map(move, value)
-    if isinstance(moved, tuple) and len(moved) == 3 and isinstance(moved[2], dict) and moved[2].get("device") in ("cpu", torch.device("cpu")):
-        moved = (moved[0], moved[1], {**moved[2], "device": device})
-    return moved
+    return tree_map(move, value)
+
+
+def fresh_leaves(value):
+    """Fresh leaf copies on each tensor's own device, so both sides start from identical autograd leaves.
+
+    (Some OpInfo samples arrive as tensors whose recorded graph does not reach them.)
+    """
+    def copy(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        out = same_layout_copy(t.detach(), t.device)
+        return out.requires_grad_(t.requires_grad) if (out.is_floating_point() or out.is_complex()) else out
+
+    return tree_map(copy, value)
+
+
+def inputs_fingerprint(samples) -> str:
+    """A hash of every sample's values, so a cached reference is only reused for the very same inputs."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for sample in samples:
+        for leaf in tree_leaves(sample_parts(sample)):
+            if isinstance(leaf, torch.Tensor):
+                t = leaf.detach().cpu()
+                h.update(f"{t.dtype}{tuple(t.shape)}{t.stride()}".encode())
+                if t.layout == torch.strided and t.numel():
+                    flat = torch.empty(t.numel(), dtype=t.dtype)
+                    flat.copy_(t.resolve_conj().resolve_neg().reshape(-1))
+                    h.update(flat.view(torch.uint8).numpy().tobytes())
+            else:
+                h.update(repr(leaf).encode())
+    return h.hexdigest()
 
 
 def _expects_device(parts, device: torch.device) -> bool:
@@ -144,7 +193,7 @@ def _expects_device(parts, device: torch.device) -> bool:
     leaves = tree_leaves(parts)
     return any(isinstance(t, torch.Tensor) and t.device.type == device.type for t in leaves) or any(
         isinstance(t, torch.device) and t.type == device.type for t in leaves
-    )
+    ) or any(isinstance(t, str) and t.split(":")[0] == device.type for t in leaves)
 
 
 GOLDEN_DTYPES = {
@@ -236,7 +285,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
 
     t0 = time.perf_counter()
     try:
-        samples = generate_samples(op, case)
+        samples = generate_samples(op, case, target.device)
     except Exception as exc:  # noqa: BLE001
         return Outcome(case_id=case.id, status=Status.SKIP,
                        message=f"sample generation failed: {type(exc).__name__}: {exc}".splitlines()[0],
@@ -245,8 +294,11 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     if not samples:
         return Outcome(case_id=case.id, status=Status.SKIP, message="the op has no samples for this dtype")
 
-    cached = ctx.cache.get(case.id) if ctx.cache is not None else None
-    cache_ok = isinstance(cached, list) and len(cached) == len(samples)
+    fingerprint = inputs_fingerprint(samples) if ctx.cache is not None else ""
+    entry = ctx.cache.get(case.id) if ctx.cache is not None else None
+    cache_ok = (isinstance(entry, dict) and entry.get("fingerprint") == fingerprint
+                and len(entry.get("samples", [])) == len(samples))
+    cached = entry["samples"] if cache_ok else None
     fresh_reference: list = []
     tolerance = _tolerances().for_dtype(key, scope="op")
     verdicts: list[SampleVerdict] = []
@@ -257,9 +309,10 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     with target.track_ops() as tracker:
         for i, sample in enumerate(samples):
             seed = case.seed * 100_003 + i
-            parts = sample_parts(sample)
             t0 = time.perf_counter()
-            target_parts = _copy_to(parts, target.device)
+            generated = sample_parts(sample)
+            target_parts = fresh_leaves(generated) if backward else generated
+            parts = _copy_to(generated, "cpu", from_type=target.device.type)  # the reference's inputs
             timer.add("generation", t0)
 
             t0 = time.perf_counter()
@@ -268,7 +321,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
                 ref = SideResult(value=entry.get("value"), error=entry.get("error"), error_type=entry.get("error_type"),
                                  skipped=entry.get("skipped"))
             else:
-                ref = run_side(op, rule, sample, _copy_to(parts, "cpu"), backward=backward, device="cpu", seed=seed)
+                ref = run_side(op, rule, sample, parts, backward=backward, device="cpu", seed=seed)
                 fresh_reference.append({"value": ref.value, "error": ref.error, "error_type": ref.error_type,
                                         "skipped": ref.skipped})
             timer.add("reference", t0)
@@ -292,7 +345,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             timer.add("comparison", t0)
 
     if ctx.cache is not None and not cache_ok and fresh_reference:
-        ctx.cache.put(case.id, fresh_reference)
+        ctx.cache.put(case.id, {"fingerprint": fingerprint, "samples": fresh_reference})
     trace = tracker.trace
     return _aggregate(case, verdicts, worst, trace, timer.totals, rule, nondeterministic, cached=cache_ok)
 

@@ -67,6 +67,8 @@ def to_device(value, device):
     def move(t):
         if not isinstance(t, torch.Tensor):
             return t
+        if getattr(t, "_saved_on", "") == "cpu":  # OpInfo keeps this argument on the CPU on purpose
+            return t
         out = t.detach().to(device)
         return out.requires_grad_(t.requires_grad) if (out.is_floating_point() or out.is_complex()) else out
 
@@ -138,7 +140,7 @@ if __name__ == "__main__":
 
 def write_repro(case: Case, outcome: Outcome, ctx) -> str | None:
     op = get_op(f"{case.name}.{case.family}" if case.family else case.name)
-    samples = generate_samples(op, case)
+    samples = generate_samples(op, case, ctx.target.device)
     failing = [f["sample"] for f in outcome.evidence.get("failures", [])]
     indices = failing or list(range(len(samples)))  # a crash or hang: all samples, in order
     saved = []
