@@ -100,12 +100,15 @@ def _death_reason(exc: BaseException) -> str:
 class RayExecutor:
     """Runs cases on ``jobs`` Ray actors and yields Outcomes as they finish."""
 
-    def __init__(self, settings: RunSettings, jobs: int = 1, address: str | None = None) -> None:
+    def __init__(self, settings: RunSettings, jobs: int = 1, address: str | None = None, *,
+                 persistent: bool = False) -> None:
+        """``persistent``: keep the actors between ``run`` calls (until ``close``), as LocalPool can."""
         if jobs < 1:
             raise ValueError(f"jobs={jobs!r} (type=int): must be >= 1")
         self.settings = settings
         self.jobs = jobs
         self.address = address
+        self.persistent = persistent
         self._owns_ray = False
         self._slots: list[_Slot] = []
         self._actor_cls = None
@@ -117,6 +120,8 @@ class RayExecutor:
             import ray
         except ImportError:
             raise ExecutorError("--executor ray needs Ray: pip install 'neuron-validate[ray]'") from None
+        if self._actor_cls is not None:  # persistent: connected by an earlier run
+            return ray
         if not ray.is_initialized():
             try:
                 ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
@@ -152,6 +157,7 @@ class RayExecutor:
         for slot in self._slots:
             self._kill(slot)
         self._slots = []
+        self._actor_cls = None
         if self._owns_ray:
             import ray
 
@@ -170,13 +176,15 @@ class RayExecutor:
         if not queue:
             return
         ray = self._connect()
-        self._slots = [self._spawn() for _ in range(min(self.jobs, len(queue)))]
+        while len(self._slots) < min(self.jobs, len(queue)):
+            self._slots.append(self._spawn())
         try:
             yield from self._loop(ray, queue)
         finally:
-            for slot in self._slots:
-                self._kill(slot)
-            self._slots = []
+            if not self.persistent:
+                for slot in self._slots:
+                    self._kill(slot)
+                self._slots = []
 
     def _replace(self, slot: _Slot) -> _Slot:
         self._kill(slot)
