@@ -39,6 +39,6 @@ def test_a_fix_is_reported_as_resolved(validate):
 
 
 def test_a_report_against_itself_has_no_changes(validate):
-    old, _ = _reports(validate)
+    old = os.path.join(validate(example("perturbed_block.py")).out, "report.json")
     result = run_cli("neuron-validate", "compare", old, old)
     assert result.returncode == 0 and "no changes" in result.stdout
