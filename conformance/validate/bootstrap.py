@@ -59,6 +59,7 @@ class _State:
         self.snapshot = None
         self.inputs = None
         self.grad_output: list = []
+        self.output_sizes: list[int] = []
         self.root_type = ""
         self.root_scan: dict = {}
         self.wide: list = []
@@ -124,6 +125,7 @@ def _install(state: _State, torch, here) -> dict:
 
             leaves = [t for t in _float_leaves(out)]
             state.grad_output = [None] * len(leaves)
+            state.output_sizes = [t.numel() for t in leaves]
 
             def hook_for(j):
                 def hook(grad):
@@ -248,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             side.extra["compile"] = compile_observations()
         if state.snapshot is not None:
             progress(spec.progress, side="target", phase="localize")
-            grad = state.grad_output if any(g is not None for g in state.grad_output) else None
+            grad = _upstream_gradient(state.grad_output, state.output_sizes)
             args, kwargs = state.inputs
             try:
                 result.update(localization_observations(state.snapshot, args, kwargs, target=here,
@@ -261,6 +263,21 @@ def main(argv: list[str] | None = None) -> int:
     result["notes"] += state.notes
     write_result(spec.out, result)
     return 0
+
+
+def _upstream_gradient(grads: list, sizes: list[int]) -> list | None:
+    """The gradients to start the localisation's backward pass from.
+
+    When the model returns its own loss next to other outputs (Hugging Face ``output.loss``), the
+    script's ``loss.backward()`` sent 1 into the loss and the logits' gradient came from it: starting
+    from both would count the logits twice, so only the scalar outputs are kept then.
+    """
+    if not any(g is not None for g in grads):
+        return None
+    scalars = [i for i, (g, n) in enumerate(zip(grads, sizes)) if g is not None and n == 1]
+    if scalars and len(scalars) < len(grads):
+        return [g if i in scalars else None for i, g in enumerate(grads)]
+    return grads
 
 
 def _phase(state: _State) -> str:

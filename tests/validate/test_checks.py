@@ -155,3 +155,28 @@ def test_curves_and_same_start():
     assert by_check["same-start"].subject == "parameters"
     assert "different parameters" in by_check["loss-curves"].hint
     assert verdict_of(findings) == NOT_READY
+
+
+# ---------------------------------------------------------------- the bootstrap's small decisions
+def test_device_arguments_per_side():
+    from conformance.validate.bootstrap import _script_args
+    from conformance.validate.common import ChildSpec
+
+    spec = ChildSpec(script="s.py", convention="training", side="target", target="neuron", reference="cpu",
+                     script_args=("--data", "x", "--on={device}"))
+    assert _script_args(spec, "neuron", None) == ["--data", "x", "--on=neuron"]
+    assert _script_args(spec, "cpu", "--device") == ["--data", "x", "--on=cpu", "--device", "cpu"]
+    explicit = ChildSpec(script="s.py", convention="training", side="target", target="neuron", reference="cpu",
+                         script_args=("--device", "{device}"))
+    assert _script_args(explicit, "neuron", "--device") == ["--device", "neuron"], "not added twice"
+
+
+def test_a_models_own_loss_is_the_only_place_the_backward_pass_starts():
+    import torch
+
+    from conformance.validate.bootstrap import _upstream_gradient
+
+    loss_grad, logits_grad = torch.ones(()), torch.randn(2, 3)
+    assert _upstream_gradient([loss_grad, logits_grad], [1, 6]) == [loss_grad, None]
+    assert _upstream_gradient([None, logits_grad], [1, 6])[1] is logits_grad
+    assert _upstream_gradient([None, None], [1, 6]) is None
