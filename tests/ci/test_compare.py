@@ -98,3 +98,16 @@ def test_hooks_refuse_misspelt_hooks():
 
     with pytest.raises(TypeError, match="Typo.gate_finsh: no such gate hook; did you mean gate_finish"):
         Hooks([Typo()])
+
+
+def test_gate_fails_closed_when_reruns_cannot_start(tmp_path):
+    """A gate run where the build's backend is absent (here: a CUDA build on a machine without CUDA)
+    cannot rerun; its regressions stay regressions, and it says why."""
+    case = op("neg")
+    with ResultStore.open(tmp_path) as store:
+        write_build(store, "old", [(case, "pass")], target="cuda", created=1.0)
+        write_build(store, "new", [(case, "mismatch")], target="cuda", created=2.0)
+        store.conn.execute("UPDATE builds SET manifest=? WHERE id='new'", ('{"target": "cuda", "env": {}}',))
+        report = run_gate(store, build="new", baseline="old", options=GateOptions(reruns=2, write_repros=False))
+    assert report.exit_code == 1 and [c.case.name for c in report.regressions] == ["neg"]
+    assert any("reruns stopped" in n and "CUDA" in n for n in report.notes), report.notes
