@@ -63,7 +63,7 @@ def plain_loops(cases, limit: int):
         op = get_op(f"{case.name}.{case.family}" if case.family else case.name)
         backward = case.mode == "backward"
         t0 = time.perf_counter()
-        samples = generate_samples(op, case, "neuron")
+        samples = generate_samples(op, case)
         generation = time.perf_counter() - t0
         for run_check in (False, True):
             t0 = time.perf_counter()
@@ -71,7 +71,7 @@ def plain_loops(cases, limit: int):
                 parts = sample_parts(sample)
                 results = []
                 for device in ("cpu", "neuron"):
-                    inp, args, kwargs = _copy_to(parts, "cpu", from_type="neuron") if device == "cpu" else parts
+                    inp, args, kwargs = parts if device == "cpu" else _copy_to(parts, device, from_type="cpu")
                     try:
                         out = sample.output_process_fn_grad(op(inp, *args, **kwargs))
                         if backward:

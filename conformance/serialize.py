@@ -24,7 +24,7 @@ def _encode(value: Any, tensors: list[torch.Tensor]):
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu()
         tensors.append(t.clone().contiguous() if t.layout == torch.strided else t)
-        return {"__t": len(tensors) - 1, "rg": bool(value.requires_grad), "dev": value.device.type}
+        return {"__t": len(tensors) - 1, "rg": bool(value.requires_grad), "dev": "cpu_argument" if getattr(value, "keep_on_cpu", False) else value.device.type}
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):

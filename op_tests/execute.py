@@ -49,28 +49,28 @@ def _tolerances() -> TolerancePolicy:
 
 
 # ---------------------------------------------------------------- samples
-def generate_samples(op, case: Case, device) -> list:
-    """The case's samples, on ``device``, deterministic for its seed.
+def generate_samples(op, case: Case) -> list:
+    """The case's samples, made on the CPU, deterministic for its seed.
 
-    As PyTorch's own cross-device test does, OpInfo makes the samples on the
-    device under test, so arguments it deliberately keeps on the CPU (such as
-    tensor_split's index tensor) stay there; the reference gets CPU copies.
-    The reference inputs begin with the sample inputs.
+    Samples are made on the CPU, not on the device under test: a device whose
+    random or creation ops are broken must fail those ops' cases, not the
+    generation of every other case. The reference inputs begin with the
+    sample inputs.
     """
     if case.config.get("source") == "hypothesis":
-        return hypothesis_samples(op, case, device)
+        return hypothesis_samples(op, case)
     dtype = to_dtype(case.dtype)
     limit = int(case.config.get("max_samples", 0))
     torch.manual_seed(case.seed)
     samples = []
-    for sample in op.reference_inputs(str(torch.device(device)), dtype, requires_grad=case.mode == "backward"):
+    for sample in op.reference_inputs("cpu", dtype, requires_grad=case.mode == "backward"):
         samples.append(sample)
         if limit and len(samples) >= limit:
             break
     return samples
 
 
-def hypothesis_samples(op, case: Case, device) -> list:
+def hypothesis_samples(op, case: Case) -> list:
     """Samples drawn from the strategies in op_tests/strategies.py; each sample's name is its spec's repr."""
     from torch.testing._internal.opinfo.core import SampleInput
 
@@ -82,7 +82,7 @@ def hypothesis_samples(op, case: Case, device) -> list:
     backward = case.mode == "backward"
 
     def make(spec):
-        t = same_layout_copy(spec.build(), device)  # values from the CPU generator, identical on every device
+        t = spec.build()
         return t.detach().requires_grad_() if backward else t
 
     samples = []
@@ -102,8 +102,8 @@ def same_layout_copy(t: torch.Tensor, device) -> torch.Tensor:
     """A copy on ``device`` with the same sizes, strides and storage offset.
 
     Kernels may take another code path for another layout (vectorised or not),
-    and with extreme values that changes results, so the reference must see
-    the very layout the target saw: non-contiguous, transposed, expanded or
+    and with extreme values that changes results, so the target must see the
+    very layout the reference saw: non-contiguous, transposed, expanded or
     channels-last.
     """
     if t.layout != torch.strided:
@@ -119,14 +119,24 @@ def same_layout_copy(t: torch.Tensor, device) -> torch.Tensor:
     return whole.as_strided(t.size(), t.stride(), t.storage_offset())
 
 
-def _copy_to(value, device, dtype_map: dict | None = None, *, from_type: str | None = None):
+def _copy_to(value, device, dtype_map: dict | None = None, *, from_type: str | None = None,
+             keep_on_cpu: tuple[int, ...] = ()):
     """Fresh leaf tensors on ``device`` (with the same layout when the dtype is kept).
 
     Device arguments of the ``from_type`` device (``torch.device`` objects or
-    strings like "neuron:0") are redirected to ``device`` as well, so that
-    ``x.to("neuron")`` in a target sample becomes ``x.to("cpu")`` for the reference.
+    strings like "cpu") are redirected to ``device`` as well, so that
+    ``x.to("cpu")`` in a CPU-made sample becomes ``x.to("neuron")`` for the
+    target. ``keep_on_cpu``: positions in the args tuple that an op's API
+    wants on the CPU (see op_rules.json "cpu_arguments").
     """
     device = torch.device(device)
+    if keep_on_cpu and isinstance(value, tuple) and len(value) == 3:
+        inp, args, kwargs = value
+        kept = {i: args[i] for i in keep_on_cpu if i < len(args)}
+        moved = _copy_to((inp, tuple(a for i, a in enumerate(args) if i not in kept), kwargs), device, dtype_map,
+                         from_type=from_type)
+        rest = iter(moved[1])
+        return moved[0], tuple(kept[i] if i in kept else next(rest) for i in range(len(args))), moved[2]
 
     def is_from_device(v) -> bool:
         if from_type is None:
@@ -285,7 +295,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
 
     t0 = time.perf_counter()
     try:
-        samples = generate_samples(op, case, target.device)
+        samples = generate_samples(op, case)
     except Exception as exc:  # noqa: BLE001
         return Outcome(case_id=case.id, status=Status.SKIP,
                        message=f"sample generation failed: {type(exc).__name__}: {exc}".splitlines()[0],
@@ -311,8 +321,8 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             seed = case.seed * 100_003 + i
             t0 = time.perf_counter()
             generated = sample_parts(sample)
-            target_parts = fresh_leaves(generated) if backward else generated
-            parts = _copy_to(generated, "cpu", from_type=target.device.type)  # the reference's inputs
+            parts = fresh_leaves(generated)  # the reference's inputs
+            target_parts = _copy_to(generated, target.device, from_type="cpu", keep_on_cpu=rule.cpu_arguments)
             timer.add("generation", t0)
 
             t0 = time.perf_counter()

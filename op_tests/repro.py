@@ -20,8 +20,18 @@ from conformance.case import Case
 from conformance.outcome import Outcome
 from conformance.settings import EMULATOR_ENV
 
+import torch
+
 from .execute import generate_samples, sample_parts
-from .sources import get_op
+from .rules import rule_for
+from .sources import get_op, op_key
+
+
+def _mark_cpu(t: torch.Tensor) -> torch.Tensor:
+    """Saved with a CPU mark: the script keeps this argument on the CPU."""
+    t = t.detach().clone()
+    t.keep_on_cpu = True
+    return t
 
 SCRIPT = '''#!/usr/bin/env python
 """Reproducer for {title} (case {case_id}).
@@ -67,7 +77,7 @@ def to_device(value, device):
     def move(t):
         if not isinstance(t, torch.Tensor):
             return t
-        if getattr(t, "_saved_on", "") == "cpu":  # OpInfo keeps this argument on the CPU on purpose
+        if getattr(t, "_saved_on", "") == "cpu_argument":  # the op's API wants this argument on the CPU
             return t
         out = t.detach().to(device)
         return out.requires_grad_(t.requires_grad) if (out.is_floating_point() or out.is_complex()) else out
@@ -140,12 +150,14 @@ if __name__ == "__main__":
 
 def write_repro(case: Case, outcome: Outcome, ctx) -> str | None:
     op = get_op(f"{case.name}.{case.family}" if case.family else case.name)
-    samples = generate_samples(op, case, ctx.target.device)
+    samples = generate_samples(op, case)
     failing = [f["sample"] for f in outcome.evidence.get("failures", [])]
     indices = failing or list(range(len(samples)))  # a crash or hang: all samples, in order
     saved = []
     for i in indices:
         inp, args, kwargs = sample_parts(samples[i])
+        keep = rule_for(op_key(op)).cpu_arguments
+        args = tuple(a if j not in keep or not isinstance(a, torch.Tensor) else _mark_cpu(a) for j, a in enumerate(args))
         saved.append({"index": i, "seed": case.seed * 100_003 + i, "input": inp, "args": list(args), "kwargs": kwargs})
     folder = Path(ctx.artifacts) / "repro" / case.id
     folder.mkdir(parents=True, exist_ok=True)

@@ -33,12 +33,13 @@ class OpRule:
     compare: str  # values | distribution | metadata
     reason: str = ""
     gather: GatherSpec | None = None
+    cpu_arguments: tuple[int, ...] = ()  # positions in args the op's API wants on the CPU
 
 
 @functools.lru_cache(maxsize=1)
 def _rules() -> dict:
     data = json.loads(RULES_FILE.read_text())
-    for section in ("distribution", "metadata", "gather_indices"):
+    for section in ("distribution", "metadata", "gather_indices", "cpu_arguments"):
         for entry in data.get(section, []):
             if not entry.get("reason"):
                 raise ValueError(f"{RULES_FILE.name}: every {section} entry needs a reason ({entry.get('pattern')})")
@@ -46,6 +47,16 @@ def _rules() -> dict:
 
 
 def rule_for(op_key: str) -> OpRule:
+    import dataclasses
+
+    rule = _compare_rule(op_key)
+    for entry in _rules().get("cpu_arguments", []):
+        if fnmatch.fnmatchcase(op_key, entry["pattern"]):
+            return dataclasses.replace(rule, cpu_arguments=tuple(entry["positions"]))
+    return rule
+
+
+def _compare_rule(op_key: str) -> OpRule:
     data = _rules()
     for entry in data["distribution"]:
         if fnmatch.fnmatchcase(op_key, entry["pattern"]):
