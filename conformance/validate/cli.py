@@ -180,7 +180,10 @@ def cmd_validate(args) -> int:
 
         print(json.dumps(report, indent=1, default=str))
     else:
-        print_summary(report, Console(highlight=False))
+        console = Console(highlight=False)
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            console = Console(highlight=False, width=120)  # logs: keep a finding on one line where it fits
+        print_summary(report, console)
     return EXIT_CODES[verdict]
 
 

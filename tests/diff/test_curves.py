@@ -144,3 +144,41 @@ def test_layer_plot(tmp_path):
                "ok": i < 2} for i in range(4)]
     png, svg = plot_layers(layers, tmp_path / "layers")
     assert png.exists() and "first diverging: m2" in svg.read_text()
+
+
+# ---------------------------------------------------------------- neuron-conformance curves
+def test_curves_command_agrees_and_writes_the_plot(tmp_path):
+    from tests.conftest import run_cli
+
+    result = run_cli("neuron-conformance", "curves", "--model", "robotics/gaussian_mlp", "--steps", "6",
+                     "--target", "neuron", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "verdict: AGREE" and f"plot: {tmp_path / 'loss_curves.png'}" in " ".join(result.stdout.split())
+    assert "reference: step 6/6" in result.stdout and "target: step 6/6" in result.stdout, "progress is shown"
+    assert (tmp_path / "loss_curves.png").stat().st_size > 10_000 and (tmp_path / "loss_curves.svg").exists()
+    import json
+
+    record = json.loads((tmp_path / "curves.json").read_text())
+    assert record["comparison"]["ok"] and len(record["comparison"]["target"]["losses"]) == 6
+    assert record["manifest"]["target"]["emulator_profile"]["name"] == "neuron-2.27"
+
+
+def test_curves_command_reports_where_a_broken_backward_pass_diverges(tmp_path):
+    from tests.conftest import run_cli
+
+    result = run_cli("neuron-conformance", "curves", "--model", "robotics/gaussian_mlp", "--steps", "12",
+                     "--out", str(tmp_path), env={"NEURON_VALIDATE_FAULTS": "perturb@aten::mm,rel=1.0,phase=backward"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "verdict: DIVERGE at step" in result.stdout and "loss curves diverge at step" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "robotics/gausian_mlp"], "closest: robotics/gaussian_mlp"),
+    (["--model", "robotics/gaussian_mlp", "--steps", "0"], "--steps 0: must be at least 1"),
+])
+def test_curves_command_bad_usage(args, message):
+    from tests.conftest import run_cli
+
+    result = run_cli("neuron-conformance", "curves", *args)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
