@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,19 +177,17 @@ def _images(store, build_id: str, copier: _Copier) -> list[Image]:
     images, seen = [], set()
     claimed_by_others = set()
     for b in store.builds():
-        for row in store.conn.execute("SELECT case_id, artifacts FROM results WHERE build_id=? AND artifacts != '{}'",
-                                      (b.id,)):
-            for name, stored in json.loads(row[1]).items():
+        for case_id, named in store.artifacts(b.id).items():
+            for name, stored in named.items():
                 path = store.artifact(stored)
                 if path.suffix.lower() not in IMAGE_SUFFIXES:
                     continue
                 if b.id != build_id:
                     claimed_by_others.add(path.resolve())
-                    continue
-                if path.is_file() and path.resolve() not in seen:
+                elif path.is_file() and path.resolve() not in seen:
                     seen.add(path.resolve())
-                    result = store.result(build_id, row[0])
-                    caption = f"{result.title if result else row[0]}: {name}"
+                    result = store.result(build_id, case_id)
+                    caption = f"{result.title if result else case_id}: {name}"
                     images.append(Image(src=copier.copy(path, "curves"), caption=caption))
     curves = store.folder / "artifacts" / "curves"
     if curves.is_dir():

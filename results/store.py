@@ -372,6 +372,11 @@ class ResultStore:
             self.conn.execute("UPDATE results SET artifacts=?, evidence=? WHERE build_id=? AND case_id=?",
                               (json.dumps(artifacts), json.dumps(record, default=str), build_id, case_id))
 
+    def artifacts(self, build_id: str) -> dict[str, dict[str, str]]:
+        """The artifact paths each result of a build names, by case id (as stored: see :meth:`artifact`)."""
+        return {case_id: json.loads(a) for case_id, a in self.conn.execute(
+            "SELECT case_id, artifacts FROM results WHERE build_id=? AND artifacts != '{}'", (build_id,))}
+
     def completed(self, build_id: str) -> set[str]:
         return {r[0] for r in self.conn.execute("SELECT case_id FROM results WHERE build_id=?", (build_id,))}
 

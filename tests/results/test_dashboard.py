@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 
+from conformance.outcome import Outcome, Status
 from results.coverage import error_signature, headline
 from results.store import ResultStore
 from tests.conftest import run_cli
@@ -95,6 +96,13 @@ def site(tmp_path_factory):
                                   (evil, "error"), (r_eval, "pass"), (r_train, "pass"), (r_steps, "crash"),
                                   (v_eval, "pass"), (v_train, "mismatch"), (g_eval, "pass")],
                     created=3000.0, messages={evil.id: HOSTILE_MESSAGE}, repros={tanh_f.id: str(repro)})
+        # Curves a result names: this build's is shown with its case; another build's is not shown.
+        for build, name in (("b2", "old"), ("b3", "new")):
+            png = curves / build / f"resnet18_train_{name}.png"
+            png.parent.mkdir()
+            fig.savefig(png)
+            store.record(build, r_train, Outcome(case_id=r_train.id, status=Status.PASS,
+                                                 evidence={"artifacts": {"loss_curve": str(png)}}))
         expected = headline(store.statuses("b3"))
     out = tmp / "site"
     r = run_cli("neuron-conformance", "dashboard", "--results", str(results), "--build", "b3", "--baseline", "b2",
@@ -108,8 +116,6 @@ def test_headline_figures():
     rows = [type("R", (), dict(kind="op", name=n, family="", dtype=d, mode=m, status=s, case_id=n + m))()
             for n, d, m, s in [("add", "f32", "forward", "pass"), ("add", "f32", "backward", "pass"),
                                ("tanh", "f32", "forward", "mismatch"), ("tanh", "f32", "backward", "pass")]]
-    from conformance.outcome import Status
-
     for r in rows:
         r.status = Status(r.status)
     h = headline(rows)
@@ -170,8 +176,10 @@ def test_dashboard_renders_in_headless_chromium(site):
 
     # Loss curves: every image the site shows is a file inside the site.
     images = [a["src"] for t, a in dom.elements if t == "img"]
-    assert len(images) == 2 and all((site["out"] / src).is_file() for src in images)
-    assert "resnet18_loss.png" in dom.section("curves")
+    assert len(images) == 3 and all((site["out"] / src).is_file() for src in images)
+    curves = dom.section("curves")
+    assert "model:resnet18.timm[float32,train]: loss_curve" in curves and "resnet18_loss.png" in curves
+    assert "old" not in curves, "a curve another build's result names is that build's"
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
