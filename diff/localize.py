@@ -40,7 +40,6 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .compare import Comparison, compare
-from .metrics import rmse
 from .tolerances import TolerancePolicy
 
 ROOT = "(model)"  # display name of the root module
@@ -312,6 +311,8 @@ def current_source(source_files: frozenset[str]) -> SourceLine | None:
     node = torch._C._current_autograd_node()
     if node is not None:
         tb = node.metadata.get("traceback_") if hasattr(node, "metadata") else None
+        if isinstance(tb, (list, tuple)):  # anomaly mode keeps traceback.format_stack()'s lines
+            tb = "".join(tb)
         if isinstance(tb, str):
             return find_source(_traceback_frames(tb), source_files)
         return None
@@ -413,23 +414,20 @@ def _float_leaves(value) -> list[torch.Tensor]:
 
 
 def _rel(values: Sequence[torch.Tensor | None], against: Sequence[torch.Tensor | None]) -> float:
-    """RMSE over all float leaves, over the RMS of ``against``."""
-    num = den = 0.0
+    """RMS of ``values - against`` over the RMS of ``against``, across all real float leaves (finite elements)."""
+    sq_err = sq_ref = 0.0
     count = 0
     for a, b in zip(values, against):
-        if a is None or b is None or not (b.is_floating_point() or b.is_complex()) or a.shape != b.shape:
+        if a is None or b is None or a.shape != b.shape or not b.is_floating_point() or not b.numel():
             continue
-        if b.numel() == 0:
-            continue
-        num += rmse(a.to(torch.float64) if not a.is_complex() else a.real, b if not b.is_complex() else b.real) ** 2 * b.numel()
-        finite = b[torch.isfinite(b)].to(torch.float64) if not b.is_complex() else b.real.to(torch.float64)
-        den += float((finite**2).sum()) if finite.numel() else 0.0
-        count += b.numel()
+        a64, b64 = a.to(torch.float64), b.to(torch.float64)
+        finite = torch.isfinite(a64) & torch.isfinite(b64)
+        sq_err += float(((a64 - b64)[finite] ** 2).sum())
+        sq_ref += float((b64[finite] ** 2).sum())
+        count += int(finite.sum())
     if count == 0:
         return 0.0
-    rms = math.sqrt(den / count)
-    err = math.sqrt(num / count)
-    return err / rms if rms > 0 else (0.0 if err == 0 else math.inf)
+    return math.sqrt(sq_err / sq_ref) if sq_ref > 0 else (0.0 if sq_err == 0 else math.inf)
 
 
 def _scale_error(values: Sequence[torch.Tensor | None], against: Sequence[torch.Tensor | None]) -> tuple[float, float]:
@@ -574,12 +572,12 @@ def _backward(output, loss_fn: LossFn | None, grad_output, device, *, double: bo
         return True
     if grad_output is None:
         return False
-    outs = [t for t in _float_leaves(output)]
-    grads = _float_leaves(_move(grad_output, device, double=double))
-    pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad and g is not None and g.shape == o.shape]
+    grads = list(grad_output) if isinstance(grad_output, (list, tuple)) else [grad_output]
+    pairs = [(o, g) for o, g in zip(_float_leaves(output), grads)
+             if g is not None and o.requires_grad and g.shape == o.shape]
     if not pairs:
         return False
-    torch.autograd.backward([o for o, _ in pairs], [g.to(o.dtype) for o, g in pairs])
+    torch.autograd.backward([o for o, _ in pairs], [_move(g, device, double=double).to(o.dtype) for o, g in pairs])
     return True
 
 
@@ -654,8 +652,9 @@ def localize(
     ``model`` is left untouched (every side runs a deep copy). The backward
     pass starts from ``loss_fn(output)`` (a scalar) or, where the loss is not
     known (an unchanged training script), from ``grad_output``, the gradient
-    the script's own loss sent into the output; with neither, only the
-    forward pass is compared. ``tolerance`` is a dtype -> Tolerance function
+    the script's own loss sent into the output: a list aligned with the
+    output's floating-point tensors in pytree order, None where none flowed;
+    with neither, only the forward pass is compared. ``tolerance`` is a dtype -> Tolerance function
     (default: the model-scope policy). ``source_files`` are the user's files,
     preferred when naming an op's source line. Raises ReferenceFailure when
     the model fails on the reference.
@@ -870,9 +869,9 @@ def _drill(model, args, kwargs, *, name: str, call: int, phase: str, ref: _SideR
             else:
                 with torch.autograd.set_detect_anomaly(True, check_nan=False):
                     out = sub(*a, **k)
-                    outs = [o for o in _float_leaves(out) if o.requires_grad]
-                    grads = [(_move(g, device, double=double) if g is not None else None) for g in (grad_out or [])]
-                    pairs = [(o, g.to(o.dtype)) for o, g in zip(outs, grads) if g is not None and g.shape == o.shape]
+                    # the recorded gradients are aligned with all tensor leaves of the module's output
+                    pairs = [(o, _move(g, device, double=double).to(o.dtype)) for o, g in zip(_tensors(out), grad_out or [])
+                             if g is not None and o.requires_grad and g.shape == o.shape]
                     with tracer:
                         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         recorder.remove()
