@@ -1,0 +1,39 @@
+"""Under ``matmult-bf16`` the mismatches that appear are the ones the profile explains.
+
+The profile rounds only matmul-engine operands, so every mismatching case must
+have run a matrix-engine ATen op on the device (op tracking says which ran),
+and element-wise ops and reductions must still pass.
+"""
+
+from __future__ import annotations
+
+from conformance.outcome import Status
+from conformance.settings import RunSettings
+from conformance.suite import run_suite
+from op_tests.sources import OpSelection, op_cases
+from results.store import ResultStore
+
+MATRIX_ENGINE_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::addmv",
+                     "aten::mv", "aten::dot", "aten::vdot", "aten::addr", "aten::convolution_overrideable",
+                     "aten::_scaled_dot_product_flash_attention_for_cpu")
+MATMUL_FAMILY = ("matmul", "mm", "bmm", "addmm", "nn.functional.linear", "einsum", "nn.functional.conv2d")
+ELEMENTWISE = ("add", "mul", "tanh", "exp", "sigmoid", "sum", "softmax", "nn.functional.layer_norm", "cumsum")
+
+
+def test_matmult_bf16_mismatches_are_matmul_family(tmp_path):
+    cases = op_cases(OpSelection(patterns=MATMUL_FAMILY + ELEMENTWISE, dtypes=("float32",), directions=("forward",),
+                                 max_samples=8))
+    settings = RunSettings(target="neuron", timeout_s=300, env={"NEURON_VALIDATE_EMULATOR_PROFILE": "matmult-bf16"})
+    with ResultStore.open(tmp_path) as store:
+        run_suite(cases, settings=settings, store=store, build_id="bf16", manifest={}, target_label="neuron", jobs=2)
+        rows = list(store.results("bf16"))
+    status = {row.case.name: row.outcome for row in rows}
+    for name in ELEMENTWISE:
+        assert status[name].status is Status.PASS, (name, status[name].message)
+    for name in ("matmul", "mm", "bmm", "addmm", "nn.functional.linear"):
+        assert status[name].status is Status.MISMATCH, (name, status[name].message)
+    for row in rows:
+        if row.outcome.status is Status.MISMATCH:
+            executed = set(row.outcome.evidence["executed_ops"])
+            assert executed & {f"{op}{suffix}" for op in MATRIX_ENGINE_OPS for suffix in ("", ".out")}, (
+                row.case.name, sorted(executed))
