@@ -160,7 +160,7 @@ def execute_model_case(case: Case, ctx) -> Outcome:
     trace = tracker.trace
     if trace is not None:
         evidence["fallback_ops"] = list(trace.fallback)
-        evidence["executed_ops"] = len(trace.executed)
+        evidence["executed_ops"] = list(trace.executed)
     peak = _peak_memory(target)
     if peak is not None:
         evidence["peak_device_memory_bytes"] = peak
