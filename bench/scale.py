@@ -138,7 +138,8 @@ def main() -> int:
             figures[jobs] = (cold, warm)
             print(f"{label:<10} {jobs} worker{'s' if jobs > 1 else ' '}: cold {cold:6.1f} s, warm {warm:6.1f} s "
                   f"({warm / len(selected) * 1e3:5.0f} ms per case warm; "
-                  f"{', '.join(f'{k} {v}' for k, v in sorted(runs[0][2].items()))})", flush=True)
+                  f"{', '.join(f'{k} {v}' for k, v in sorted(runs[0][2].items()))}; "
+                  f"load average {os.getloadavg()[0]:.1f})", flush=True)
         (c1, w1), (cn, wn) = figures[1], figures[args.jobs]
         print(f"{label:<10} speedup of {args.jobs} workers over 1: {w1 / wn:.2f}x warm, {c1 / cn:.2f}x cold "
               f"(goal {0.9 * args.jobs:.1f}x)", flush=True)
