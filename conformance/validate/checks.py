@@ -354,11 +354,16 @@ def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
             "failing_steps": cmp.failing_steps}
     if cmp:
         findings.append(Finding(check="loss-curves", severity="info", title=cmp.summary(), detail=cmp.note, data=data))
+    elif differ:
+        # Different starting points make the curves incomparable: that is the script's doing, not the target's.
+        findings.append(Finding(check="loss-curves", severity="warning",
+                                title=f"{cmp.summary()} (inconclusive: the runs start from different {' and '.join(differ)})",
+                                detail=ctx.curve_tolerance.describe(), hint=start_hint, data=data))
     else:
         findings.append(Finding(check="loss-curves", severity="error", title=cmp.summary(),
                                 detail=(cmp.note + "\n" if cmp.note else "") + ctx.curve_tolerance.describe(),
-                                hint=start_hint or "see the first diverging layer above; a gap that grows step "
-                                                   "by step points at the gradients or the optimizer", data=data))
+                                hint="see the first diverging layer above; a gap that grows step by step points at "
+                                     "the gradients or the optimizer", data=data))
     ratio = cmp.speed_ratio
     if ratio is not None:
         t, r = cmp.target.steps_per_second, cmp.reference.steps_per_second

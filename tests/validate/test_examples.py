@@ -113,3 +113,29 @@ def test_reports_are_complete_and_self_contained(validate):
     assert "READY WITH WARNINGS" in html and "aten::gelu" in html
     for name in ("loss_curves.png", "loss_curves.svg", "layers.png", "layers.svg"):
         assert os.path.getsize(os.path.join(run.out, name)) > 1000
+
+
+DEVICE_DATA = """import torch
+device = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+for step in range(8):
+    x = torch.randn(32, 8, device=device)  # drawn on the device: another random stream than the CPU's
+    loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_data_drawn_on_the_device_is_named_as_the_reason_curves_differ(validate, tmp_path_factory):
+    path = tmp_path_factory.mktemp("scripts") / "device_data.py"
+    path.write_text(DEVICE_DATA)
+    run = validate(str(path))
+    assert run.returncode == 0 and run.report["verdict"] == "ready with warnings", run.stdout
+    (start,) = run.findings("same-start", "warning")
+    assert start["subject"] == "inputs" and "draw them on the CPU" in start["hint"]
+    (curves,) = run.findings("loss-curves", "warning")
+    assert "inconclusive" in curves["title"]
+    assert run.findings("numerics", "info"), "the first call, compared in one process, still matches"
