@@ -29,7 +29,9 @@ class DuplicateModelError(ModelZooError, ValueError):
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """``Type: first line of message``, cut to ``limit`` characters."""
-    text = str(exc).strip().splitlines()
-    first = text[0].strip() if text else ""
+    text = [t.strip() for t in str(exc).strip().splitlines() if t.strip()]
+    first = text[0] if text else ""
+    if first.endswith(":") and len(text) > 1:  # "Validation error for field 'x':" says why on the next line
+        first = f"{first} {text[1]}"
     line = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     return line if len(line) <= limit else line[: limit - 3] + "..."

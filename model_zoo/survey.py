@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exclude", nargs="*", default=None)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--rss-gb", type=float, default=9.0)
+    parser.add_argument("--progress", type=Path, default=None, help="progress log (default: OUT with .jsonl)")
     parser.add_argument("--primary-only", action="store_true", help="skip task variants (hf/<type>:<task>)")
     parser.add_argument("--redo", action="store_true", help="rerun entries already in the progress log")
     parser.add_argument("--redo-failed", action="store_true", help="rerun the entries that did not pass")
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             pass
     names = registry.list_models(args.only, args.exclude, primary_only=args.primary_only)
-    progress = args.out.with_suffix(".jsonl")
+    progress = args.progress or args.out.with_suffix(".jsonl")
     records: dict[str, dict[str, Any]] = {}
     if args.out.exists():
         try:

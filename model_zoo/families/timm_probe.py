@@ -72,6 +72,9 @@ def _shrink_candidates(init: dict[str, Any]) -> list[dict[str, Any]]:
     depth: dict[str, Any] = {}
     if isinstance(init.get("depth"), int) and init["depth"] > 2:
         depth["depth"] = 2
+        for key, value in init.items():  # per-block settings (Sapiens2's kv heads per block) follow the depth
+            if isinstance(value, (list, tuple)) and len(value) == init["depth"] and key != "depths":
+                depth[key] = type(value)([value[0], value[-1]])
     for key in ("depths", "layers", "stage_depths", "num_blocks"):
         value = init.get(key)
         if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value) and max(value) > 1:

@@ -28,11 +28,12 @@ def make_hf_config(model_type: str, plan: Plan, size: int, modality: str, *, mro
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
-    base = fixups.base_config(model_type, cls)
-    data = shrink_dict(base.to_dict(), plan)
+    plan = fixups.fix_plan(model_type, plan)
+    base = fixups.base_config(model_type, cls).to_dict()
+    data = shrink_dict(base, plan)
     if mrope:
         add_mrope_sections(data, plan)
-    fixups.fix_config_dict(model_type, data, plan, size=size, modality=modality)
+    fixups.fix_config_dict(model_type, data, plan, size=size, modality=modality, orig=base)
     cfg = cls.from_dict(data)
     fixups.fix_config(model_type, cfg, plan, size=size, modality=modality)
     return cfg

@@ -2,8 +2,9 @@
 
 Each table maps a model type (or a tuple of them) to a small function:
 
+* ``PLAN``: changes to the tiny sizes (a model whose heads are ``hidden // 64`` needs hidden 64);
 * ``BASE``: builds the default config where ``Config()`` alone does not work;
-* ``DICT``: edits the shrunk config dict before the config is rebuilt;
+* ``DICT``: edits the shrunk config dict before the config is rebuilt (``orig`` is the unshrunk one);
 * ``CONFIG``: edits the rebuilt config object;
 * ``INPUTS``: returns the inputs, given the context and the generic rule.
 
@@ -17,6 +18,7 @@ from typing import Any, Callable
 from .inputs import InputContext
 from .shrink import Plan
 
+PLAN: dict[str, dict[str, int]] = {}
 BASE: dict[str, Callable[[type], Any]] = {}
 DICT: dict[str, Callable[..., None]] = {}
 CONFIG: dict[str, Callable[..., None]] = {}
@@ -38,9 +40,16 @@ def base_config(model_type: str, cls: type) -> Any:
     return BASE[model_type](cls) if model_type in BASE else cls()
 
 
-def fix_config_dict(model_type: str, data: dict[str, Any], plan: Plan, *, size: int, modality: str) -> None:
+def fix_plan(model_type: str, plan: Plan) -> Plan:
+    from dataclasses import replace
+
+    return replace(plan, **PLAN[model_type]) if model_type in PLAN else plan
+
+
+def fix_config_dict(model_type: str, data: dict[str, Any], plan: Plan, *, size: int, modality: str,
+                    orig: dict[str, Any]) -> None:
     if model_type in DICT:
-        DICT[model_type](data, plan, size=size, modality=modality)
+        DICT[model_type](data, plan, size=size, modality=modality, orig=orig)
 
 
 def fix_config(model_type: str, cfg: Any, plan: Plan, *, size: int, modality: str) -> None:
@@ -55,3 +64,49 @@ def construct(model_type: str, model_cls: type, cfg: Any, kwargs: dict[str, Any]
 def make_inputs(ctx: InputContext, generic: Callable[[InputContext], dict]) -> dict[str, Any]:
     fn = INPUTS.get(ctx.model_type)
     return fn(ctx, generic) if fn else generic(ctx)
+
+
+# --- sizes the generic pass cannot guess -------------------------------------------------------------------
+
+PLAN.update({
+    "bridgetower": {"hidden": 64},  # its vision attention has hidden // 64 heads
+    "bridgetower_vision_model": {"hidden": 64},
+})
+
+
+@_for(DICT, "swin", "donut-swin", "maskformer-swin", "swinv2", "swin2sr")
+def _swin_windows(d: dict, plan: Plan, **_: Any) -> None:
+    """Windows must tile every stage: 2x2 patches, 2x2 windows on a 32-pixel image gives 16, 8, 4, 2 tokens a side."""
+    d["patch_size"] = 2
+    d["window_size"] = 2
+    if isinstance(d.get("pretrained_window_sizes"), (list, tuple)):
+        d["pretrained_window_sizes"] = [0] * len(d["pretrained_window_sizes"])
+
+
+@_for(DICT, "efficientnet")
+def _efficientnet_head(d: dict, plan: Plan, *, orig: dict, **_: Any) -> None:
+    d["hidden_dim"] = orig["hidden_dim"]  # the head width is derived from the width coefficient, not free
+
+
+@_for(DICT, "layoutlmv3")
+def _layoutlm_spatial(d: dict, plan: Plan, **_: Any) -> None:
+    # four coordinate and two shape embeddings are concatenated to the hidden width: 6 x 8 = 48
+    d.update(hidden_size=48, coordinate_size=8, shape_size=8, input_size=plan.image)
+
+
+@_for(DICT, "levit")
+def _levit_resolution(d: dict, plan: Plan, **_: Any) -> None:
+    d["patch_size"] = 16  # the conv stem always downsamples 16x; attention biases follow image_size // patch_size
+    d["image_size"] = 64
+
+
+@_for(DICT, "mobilevitv2", "mobilevit")
+def _mobilevit_resolution(d: dict, plan: Plan, **_: Any) -> None:
+    d["image_size"] = 64  # five stride-2 stages and 2x2 unfolding need at least 64 pixels
+
+
+@_for(DICT, "encoder-decoder", "vision-encoder-decoder", "speech-encoder-decoder")
+def _encoder_decoder_start(d: dict, plan: Plan, **_: Any) -> None:
+    """The composite configs leave the decoder's start and pad ids to the checkpoint; training shifts labels with them."""
+    d["decoder_start_token_id"] = 2
+    d["pad_token_id"] = 0

@@ -151,7 +151,10 @@ def generic_inputs(ctx: InputContext) -> dict[str, Any]:
         out.update(grid_vision_inputs(ctx))
     elif "pixel_values" in p and ctx.modality in ("image", "image+text", "video", "video+text", "other"):
         channels, side = image_geometry(ctx)
-        if ctx.modality.startswith("video"):
+        if "pixel_attention_mask" in p:  # Idefics-style: (batch, images, channels, height, width) plus a pixel mask
+            out["pixel_values"] = ctx.randn(b, 1, channels, side, side)
+            out["pixel_attention_mask"] = torch.ones(b, 1, side, side, dtype=torch.long)
+        elif ctx.modality.startswith("video"):
             frames = int(getattr(ctx.sub("vision_config"), "num_frames", None) or getattr(ctx.config, "num_frames", None) or 4)
             out["pixel_values"] = ctx.randn(b, frames, channels, side, side)
         else:
@@ -161,13 +164,24 @@ def generic_inputs(ctx: InputContext) -> dict[str, Any]:
         frames = int(getattr(ctx.config, "num_frames", None) or 4)
         out["pixel_values_videos"] = ctx.randn(b, frames, channels, side, side)
     if "input_values" in p and ctx.modality.startswith("audio"):
-        out["input_values"] = ctx.randn(b, waveform_length(ctx))
-    if "input_features" in p and ctx.modality.startswith("audio"):
+        if is_codec(ctx.config):
+            channels = int(getattr(ctx.config, "audio_channels", None) or 1)
+            out["input_values"] = ctx.randn(b, channels, waveform_length(ctx))
+        else:
+            out["input_values"] = ctx.randn(b, waveform_length(ctx))
+    if "input_features" in p and ctx.modality.startswith("audio") and not ("input_values" in out and _find_attr(ctx.config, ("conv_kernel",))):
         bins, frames = mel_geometry(ctx)
-        out["input_features"] = ctx.randn(b, bins, frames)
+        features = ctx.randn(b, bins, frames)
+        out["input_features"] = features if mel_channels_first(ctx, bins) else features.transpose(1, 2).contiguous()
+        for name in AUDIO_MASKS:
+            if name in p:
+                out[name] = torch.ones(b, frames, dtype=torch.long)
     if has_text or ("input_ids" in p and not out):
         if "pixel_values" in out and ctx.modality == "image+text":
             out["input_ids"] = with_image_tokens(ctx, out, text_len)
+        elif ({"input_features", "input_values"} & set(out)) and ctx.modality == "audio+text" \
+                and audio_token_id(ctx.config) is not None:
+            out["input_ids"] = with_audio_tokens(ctx, out, text_len)
         else:
             out["input_ids"] = ctx.tokens(b, text_len)
         if "attention_mask" in p:
@@ -175,7 +189,8 @@ def generic_inputs(ctx: InputContext) -> dict[str, Any]:
         if "mm_token_type_ids" in p and image_token_id(ctx.config) is not None:
             out["mm_token_type_ids"] = (out["input_ids"] == image_token_id(ctx.config)).int()
     if getattr(ctx.config, "is_encoder_decoder", False) and "decoder_input_ids" in p and ctx.task not in SEQ2SEQ_TASKS | LM_TASKS:
-        out["decoder_input_ids"] = ctx.tokens(b, min(text_len, 8))
+        # as long as the encoder input: QA and classification heads read decoder states at input positions
+        out["decoder_input_ids"] = out["input_ids"].clone() if "input_ids" in out else ctx.tokens(b, 8)
     out.update(labels_for(ctx, out))
     return out
 
@@ -197,7 +212,9 @@ def labels_for(ctx: InputContext, inputs: dict[str, Any]) -> dict[str, Any]:
             out["start_positions"] = ctx.randint(ids.shape[-1], (b,))
             out["end_positions"] = ctx.randint(ids.shape[-1], (b,))
         return out
-    if task in LM_TASKS and ids is not None and ctx.modality in ("text", "image+text", "video+text", "audio+text"):
+    if getattr(ctx.config, "is_encoder_decoder", False) and task in LM_TASKS | SEQ2SEQ_TASKS:
+        out["labels"] = ctx.tokens(b, 8)  # the model shifts labels right into decoder inputs
+    elif task in LM_TASKS and ids is not None and ctx.modality in ("text", "image+text", "video+text", "audio+text"):
         labels = ids.clone()
         allowed = ctx.cache.get("allowed")
         if allowed is not None:  # placeholders (image tokens ...) are not predicted
@@ -211,6 +228,13 @@ def labels_for(ctx: InputContext, inputs: dict[str, Any]) -> dict[str, Any]:
         out["labels"] = ctx.randint(2, (b,))
     elif task in CLASS_TASKS:
         out["labels"] = ctx.randint(ctx.num_labels(), (b,))
+        eos = getattr(ctx.text_config, "eos_token_id", None)
+        eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+        if task == "sequence_classification" and ids is not None and isinstance(eos, int) and ids.ndim == 2:
+            ids[:, -1] = eos  # encoder-decoder classifiers pool at the (single) end-of-sequence token
+            for name in ("decoder_input_ids",):
+                if name in inputs:
+                    inputs[name][:, -1] = eos
     elif task == "token_classification" and ids is not None:
         out["labels"] = ctx.randint(ctx.num_labels(), tuple(ids.shape))
     elif task == "ctc":
@@ -220,6 +244,48 @@ def labels_for(ctx: InputContext, inputs: dict[str, Any]) -> dict[str, Any]:
         side = inputs["pixel_values"].shape[-1]
         out["labels"] = ctx.randint(ctx.num_labels(), (b, side, side))
     return out
+
+
+AUDIO_MASKS = ("feature_attention_mask", "input_features_mask", "audio_attention_mask", "input_features_attention_mask",
+               "audio_feature_mask", "input_features_lengths_mask")
+# Families whose feature encoder starts with a Conv1d over mel bins but reads (batch, time, mel) and transposes.
+TIME_FIRST = {"speech_to_text", "speech_to_text_2"}
+
+
+# Families that read raw waveforms as (batch, 1, samples) without a codec-style config.
+CHANNEL_WAVEFORMS = {"omniasr", "omniasr_ctc", "omniasr_audio"}
+
+
+def is_codec(config: Any) -> bool:
+    """Neural audio codecs (EnCodec, DAC, Mimi ...) read waveforms as (batch, channels, samples)."""
+    return getattr(config, "model_type", None) in CHANNEL_WAVEFORMS or \
+        _find_attr(config, ("audio_channels", "downsampling_ratios", "upsampling_ratios")) is not None
+
+
+def mel_channels_first(ctx: InputContext, bins: int) -> bool:
+    """Whether features are (batch, mel, time): the encoder opens with a Conv1d over the mel bins (Whisper-style)."""
+    if ctx.model_type in TIME_FIRST:
+        return False
+    return any(isinstance(m, torch.nn.Conv1d) and m.in_channels == bins for m in ctx.model.modules())
+
+
+def audio_token_id(config: Any) -> int | None:
+    for name in ("audio_token_id", "audio_token_index", "audio_pad_token_id", "speech_token_id"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def with_audio_tokens(ctx: InputContext, inputs: dict[str, Any], text_len: int) -> torch.Tensor:
+    """Token ids with the audio placeholders first, as many as the audio encoder produces."""
+    if "audio_tokens" not in ctx.cache:
+        ctx.cache["audio_tokens"] = count_features(
+            ctx, "get_audio_features", {k: v for k, v in inputs.items() if k in ("input_features", "input_values") or k in AUDIO_MASKS})
+    audio = inputs.get("input_features", inputs.get("input_values"))
+    n = ctx.cache["audio_tokens"] or max(1, audio.shape[-1] // 4)
+    placeholders = torch.full((ctx.batch, n), audio_token_id(ctx.config), dtype=torch.long)
+    return torch.cat([placeholders, ctx.tokens(ctx.batch, text_len)], dim=1)
 
 
 def waveform_length(ctx: InputContext) -> int:
@@ -234,7 +300,27 @@ def waveform_length(ctx: InputContext) -> int:
         for s in strides:
             total_stride *= s
         return int(length + total_stride * (ctx.size - 1))
+    ratios = _find_attr(ctx.config, ("downsampling_ratios", "upsampling_ratios"))
+    if isinstance(ratios, (list, tuple)) and ratios:
+        hop = 1
+        for r in ratios:
+            hop *= int(r)
+        return int(hop * ctx.size)
     return 100 * ctx.size
+
+
+def _find_attr(config: Any, names: tuple[str, ...], depth: int = 0) -> Any:
+    """The first of ``names`` on the config or (one level down) its sub-configs."""
+    for name in names:
+        if getattr(config, name, None) is not None:
+            return getattr(config, name)
+    if depth < 2:
+        for value in vars(config).values():
+            if hasattr(value, "to_dict") and hasattr(value, "model_type"):
+                found = _find_attr(value, names, depth + 1)
+                if found is not None:
+                    return found
+    return None
 
 
 def mel_geometry(ctx: InputContext) -> tuple[int, int]:
@@ -250,11 +336,13 @@ def mel_geometry(ctx: InputContext) -> tuple[int, int]:
         if bins:
             break
     frames = 4 * ctx.size
+    bins = int(bins or 80)
     for owner in (audio, ctx.config):
         max_source = getattr(owner, "max_source_positions", None)
-        if isinstance(max_source, int) and ctx.model_type.startswith("whisper"):
-            frames = 2 * max_source
-    return int(bins or 80), frames
+        if isinstance(max_source, int) and mel_channels_first(ctx, bins):
+            frames = 2 * max_source  # Whisper-style encoders take exactly 2 x max_source_positions frames
+            break
+    return bins, frames
 
 
 def time_series_inputs(ctx: InputContext) -> dict[str, Any]:
@@ -282,11 +370,15 @@ def time_series_inputs(ctx: InputContext) -> dict[str, Any]:
 
 def count_image_features(ctx: InputContext, inputs: dict[str, Any]) -> int | None:
     """How many placeholder tokens the images need, from the model's own ``get_image_features``."""
-    fn = getattr(ctx.model, "get_image_features", None)
+    return count_features(ctx, "get_image_features", {k: v for k, v in inputs.items() if k.startswith(("pixel", "image"))})
+
+
+def count_features(ctx: InputContext, method: str, kwargs: dict[str, Any]) -> int | None:
+    """Placeholder tokens per sample: the features ``model.<method>(**kwargs)`` returns, in text-width rows."""
+    fn = getattr(ctx.model, method, None)
     if fn is None:
         return None
     hidden = getattr(ctx.text_config, "hidden_size", None)
-    kwargs = {k: v for k, v in inputs.items() if k.startswith(("pixel", "image"))}
     try:
         with torch.no_grad():
             feats = fn(**kwargs)
@@ -304,11 +396,8 @@ def count_image_features(ctx: InputContext, inputs: dict[str, Any]) -> int | Non
 
 
 def image_token_id(config: Any) -> int | None:
-    for name in ("image_token_id", "image_token_index", "img_token_id", "image_token"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
+    value = _find_attr(config, ("image_token_id", "image_token_index", "img_token_id"))
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def grid_vision_inputs(ctx: InputContext) -> dict[str, Any]:

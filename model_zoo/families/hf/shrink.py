@@ -20,6 +20,7 @@ What this gets wrong for a family is fixed in ``fixups.py``, not here.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +53,7 @@ class Plan:
 
 LAYER_EXACT = {"depth", "n_layer", "n_layers", "num_layers", "layers", "resampler_depth", "num_blocks"}
 LAYER_KEEP = ("feat_extract", "kv_shared", "nextn", "conv_layers", "num_adapter_layers", "pos_conv", "decoder_layers_per_block")
-WIDTH_EXACT = {"d_model", "n_embd", "dim", "embedding_size", "projection_dim", "word_embed_proj_dim", "emb_dim", "d_embed",
+WIDTH_EXACT = {"intra_bottleneck_size", "true_hidden_size", "d_model", "n_embd", "dim", "embedding_size", "projection_dim", "word_embed_proj_dim", "emb_dim", "d_embed",
                "hidden_dim", "output_dim", "text_embed_dim", "vision_embed_dim", "projection_size", "d_inner_model",
                "classifier_proj_size", "xvector_output_dim", "codevector_dim", "proj_codevector_dim", "embed_dim",
                "conv_channels", "d_latent", "proj_dim", "latent_dim"}
@@ -84,6 +85,18 @@ TOKEN_SUFFIX = ("_token_id", "_token_index", "token_id", "_token_ids", "_id_toke
 OFF_FLAGS = {"apply_spec_augment": False, "use_cache": False, "output_router_logits": False, "gradient_checkpointing": False}
 ZERO_FLOATS = ("mask_time_prob", "mask_feature_prob", "layerdrop", "random_mask_ratio", "mask_ratio", "noise_std",
                "drop_rate", "stochastic_depth", "mask_prob", "masking_ratio")
+
+
+RANDOM_AUGMENTATIONS = {"pos_embed_shift", "pos_embed_jitter", "pos_embed_rescale", "pos_embed_rope_shift_coords",
+                        "pos_embed_rope_jitter_coords", "pos_embed_rope_rescale_coords"}
+PLACEHOLDER_TOKENS = {"image_token_id", "image_token_index", "video_token_id", "video_token_index", "audio_token_id",
+                      "audio_token_index"}
+FILL_NONE = {"head_dim": lambda p: p.head_dim, "num_key_value_heads": lambda p: p.heads, "vocab_size": lambda p: p.vocab,
+             "num_experts_per_tok": lambda p: 2}
+
+
+def _has_experts(d: dict[str, Any]) -> bool:
+    return any(_is_int(d.get(k)) and d[k] > 1 for k in EXPERT_EXACT)
 
 
 def _is_int(v: Any) -> bool:
@@ -142,6 +155,8 @@ def shrink_dict(d: dict[str, Any], plan: Plan, tokens: TokenMap | None = None) -
     out: dict[str, Any] = {}
     for key, value in d.items():
         out[key] = _shrink_value(key, value, d, plan, tokens, orig_layers, orig_heads)
+    if out.get("is_encoder_decoder") and out.get("decoder_start_token_id") is None and _is_int(out.get("vocab_size")):
+        out["decoder_start_token_id"] = out.get("pad_token_id") if _is_int(out.get("pad_token_id")) else 0
     if "pad_token_id" in out and out["pad_token_id"] is None and _is_int(out.get("vocab_size")):
         out["pad_token_id"] = tokens(1 << 40)  # sequence classification needs a pad id with batch > 1
     _fix_rope(out, plan)
@@ -217,10 +232,16 @@ def _shrink_value(key: str, value: Any, d: dict[str, Any], plan: Plan, tokens: T
         return shrink_dict(value, plan, tokens)
     if key in OFF_FLAGS and isinstance(value, bool):
         return OFF_FLAGS[key]
+    if key in RANDOM_AUGMENTATIONS and value is not None:
+        return None  # train-time random position-embedding augmentation (DINOv3 RoPE shift/jitter/rescale)
     if isinstance(value, float):
         if "drop" in k or k in ZERO_FLOATS or k.endswith("_pdrop"):
             return 0.0
         return value
+    if value is None and key in PLACEHOLDER_TOKENS:
+        return tokens(zlib.crc32(key.encode()) | 1 << 41)  # a placeholder id the model compares input_ids against
+    if value is None and key in FILL_NONE and (key != "num_experts_per_tok" or _has_experts(d)):
+        return FILL_NONE[key](plan)  # defaults that only a checkpoint would fill; the model reads them as ints
     if isinstance(value, bool) or value is None:
         return value
     if _is_int(value):
@@ -294,6 +315,10 @@ def _shrink_int(k: str, v: int, plan: Plan, tokens: TokenMap, orig_heads: int | 
         return min(v, POSITIONS)
     if k in {"max_source_positions"}:
         return min(v, 64)
+    if k in {"n_window", "audio_window_size", "chunk_length_frames"}:
+        return min(v, 8)
+    if k in {"n_window_infer"}:
+        return min(v, 16)
     if k in {"image_size", "pretrain_image_size", "img_size", "input_image_size", "resolution", "crop_size"}:
         return min(v, plan.image)
     if k in {"patch_size", "patch_height", "patch_width"}:
@@ -313,6 +338,8 @@ def _shrink_int(k: str, v: int, plan: Plan, tokens: TokenMap, orig_heads: int | 
     if k in {"image_seq_length", "num_image_tokens", "mm_tokens_per_image", "num_queries", "resampler_n_latents",
              "num_latents", "num_query_tokens", "query_num"}:
         return min(v, 16)
+    if k in {"num_groups", "norm_num_groups", "num_norm_groups", "resnet_groups", "group_norm_groups"}:
+        return min(v, 4)  # group norm groups must divide the (now narrow) channels
     if k in {"num_labels", "num_classes"}:
         return min(v, 10) if k == "num_classes" else v
     return v
@@ -399,11 +426,21 @@ def add_mrope_sections(d: dict[str, Any], plan: Plan) -> None:
         if is_subconfig_dict(value):
             add_mrope_sections(value, plan)
     rope = d.get("rope_parameters")
-    if "vocab_size" in d and isinstance(rope, dict) and "mrope_section" not in rope:
-        d["rope_parameters"] = {**rope, "mrope_section": _split(max(3, _head_dim_of(d, plan) // 2), [2, 3, 3])}
+    if "vocab_size" not in d or not isinstance(rope, dict):
+        return
+    section = _split(max(3, _head_dim_of(d, plan) // 2), [2, 3, 3])
+    if "rope_type" in rope or "rope_theta" in rope:
+        rope = {**rope, "mrope_section": rope.get("mrope_section", section)}
+    else:  # one rope dict per layer type ({"full_attention": {...}, "sliding_attention": {...}})
+        rope = {k: ({**v, "mrope_section": v.get("mrope_section", section)} if isinstance(v, dict) and "rope_type" in v else v)
+                for k, v in rope.items()}
+    d["rope_parameters"] = rope
 
 
 def _fix_mla(d: dict[str, Any], plan: Plan) -> None:
     """Multi-head latent attention: the query head dim is nope + rope."""
-    if _is_int(d.get("qk_nope_head_dim")) and _is_int(d.get("qk_rope_head_dim")) and "qk_head_dim" in d:
-        d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+    if _is_int(d.get("qk_nope_head_dim")) and _is_int(d.get("qk_rope_head_dim")):
+        if "qk_head_dim" in d:
+            d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+        if _is_int(d.get("head_dim")):
+            d["head_dim"] = d["qk_rope_head_dim"]  # the rotary embedding is sized by head_dim
