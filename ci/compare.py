@@ -55,7 +55,7 @@ class CaseChange:
         return self.current in FAILING
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Comparison:
     build: str
     baseline: str

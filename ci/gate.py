@@ -48,7 +48,7 @@ class GateOptions:
             raise ValueError(f"jobs={self.jobs!r} (type=int): must be >= 1")
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class GateReport:
     build: object  # results.store.BuildInfo
     baseline: object

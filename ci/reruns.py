@@ -94,7 +94,7 @@ def _fresh_main(conn, settings: RunSettings, job: dict) -> None:
     conn.send(("done", outcome.to_dict()))
 
 
-@dataclass
+@dataclass(slots=True)
 class _Running:
     job: FreshJob
     process: mp.Process

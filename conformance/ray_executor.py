@@ -77,7 +77,7 @@ class _CaseActor:
         return psutil.Process().memory_info().rss / 2**20
 
 
-@dataclass
+@dataclass(slots=True)
 class _Slot:
     actor: object
     ready_ref: object | None  # pending until the actor has started

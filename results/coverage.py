@@ -52,7 +52,7 @@ class Rate:
         return "not run" if p is None else f"{p:.1f}% ({self.passed} / {self.total})"
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Cell:
     """One op x dtype pair (or one architecture x column): the statuses of its cases, by mode."""
 
@@ -87,7 +87,7 @@ class Cell:
         return ", ".join(f"{m}: {s.value}" for m, s in sorted(self.statuses.items()))
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class OpMatrix:
     dtypes: list[str]
     ops: list[str]
@@ -110,14 +110,14 @@ def op_matrix(rows: Iterable) -> OpMatrix:
     return OpMatrix(dtypes=sorted({d for _, d in cells}), ops=sorted({o for o, _ in cells}), cells=cells)
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Architecture:
     family: str
     name: str
     columns: dict[str, Cell] = field(default_factory=dict)  # forward/backward/training -> cell (mode x dtype)
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class FamilyCoverage:
     family: str
     architectures: list[Architecture]
@@ -148,7 +148,7 @@ def model_families(rows: Iterable) -> list[FamilyCoverage]:
     return [FamilyCoverage(family=f or "-", architectures=a) for f, a in families.items()]
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Headline:
     ops: Rate
     op_cases: Rate
@@ -199,7 +199,7 @@ def error_signature(message: str) -> str:
     return text[:SIGNATURE_CHARS] or "(no message)"
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ErrorGroup:
     status: str
     signature: str

@@ -34,14 +34,14 @@ MAX_FAILURE_ROWS = 2000
 SERIES_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Point:
     x: float
     y: float
     label: str
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Series:
     name: str
     colour: str
@@ -52,7 +52,7 @@ class Series:
         return " ".join(f"{p.x:.1f},{p.y:.1f}" for p in self.points)
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Chart:
     """A line chart of pass rates (0-100%) over builds, drawn as inline SVG by the template."""
 
@@ -98,13 +98,13 @@ def trend_chart(trend: list[tuple[object, Headline]], current: str) -> Chart:
                  xlabels=xlabels, yticks=yticks, current_x=current_x)
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Image:
     src: str  # relative URL inside the site
     caption: str
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Failure:
     case_id: str
     title: str
@@ -114,14 +114,14 @@ class Failure:
     repro_note: str = ""
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class TrendRow:
     build: object
     headline: Headline
     current: bool
 
 
-@dataclass(kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Page:
     build: object
     baseline: object | None
