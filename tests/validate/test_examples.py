@@ -139,3 +139,14 @@ def test_data_drawn_on_the_device_is_named_as_the_reason_curves_differ(validate,
     (curves,) = run.findings("loss-curves", "warning")
     assert "inconclusive" in curves["title"]
     assert run.findings("numerics", "info"), "the first call, compared in one process, still matches"
+
+
+def test_steps_stop_a_training_script_and_json_goes_to_stdout(validate):
+    import json
+
+    run = validate(example("device_bug.py"), "--steps", "4", "--json", "--emulator-profile", "exact")
+    report = json.loads(run.stdout)
+    assert report["curves"]["steps"] == 4 and report["steps"] == 4
+    assert report["verdict"] == "not ready" and run.returncode == 1
+    assert report["manifest"]["target"]["emulator_profile"]["name"] == "exact"
+    assert "--device" not in report["script"]["args"], "the device option is filled in per side, not recorded"
