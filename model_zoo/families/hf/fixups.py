@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
+
 from .inputs import InputContext
 from .shrink import Plan
 
@@ -110,3 +112,91 @@ def _encoder_decoder_start(d: dict, plan: Plan, **_: Any) -> None:
     """The composite configs leave the decoder's start and pad ids to the checkpoint; training shifts labels with them."""
     d["decoder_start_token_id"] = 2
     d["pad_token_id"] = 0
+
+
+@_for(DICT, "aria")
+def _aria_queries(d: dict, plan: Plan, **_: Any) -> None:
+    patches = (plan.image // d["vision_config"]["patch_size"]) ** 2
+    d["projector_patch_to_query_dict"] = {patches: 4}  # image patches -> projector queries, keyed by the tiny count
+    d["max_value_projector_patch_to_query_dict"] = 4
+
+
+@_for(DICT, "audio-spectrogram-transformer")
+def _ast_length(d: dict, plan: Plan, **_: Any) -> None:
+    d.update(max_length=64, num_mel_bins=32, frequency_stride=8, time_stride=8)
+
+
+@_for(INPUTS, "audio-spectrogram-transformer")
+def _ast_inputs(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    out["input_values"] = ctx.randn(ctx.batch, ctx.config.max_length, ctx.config.num_mel_bins)  # (batch, time, mel)
+    return out
+
+
+@_for(CONFIG, "dbrx")
+def _dbrx_rope(cfg: Any, plan: Plan, **_: Any) -> None:
+    theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    cfg.attn_config.rope_theta = theta  # the attention still reads rope_theta from its own sub-config
+
+
+@_for(INPUTS, "decision_transformer")
+def _decision_inputs(ctx: InputContext, generic: Callable) -> dict:
+    c, b, t = ctx.config, ctx.batch, ctx.size
+    return {"states": ctx.randn(b, t, c.state_dim), "actions": ctx.randn(b, t, c.act_dim).tanh(),
+            "rewards": ctx.randn(b, t, 1), "returns_to_go": ctx.randn(b, t, 1),
+            "timesteps": torch.arange(t).expand(b, t).contiguous(), "attention_mask": torch.ones(b, t, dtype=torch.long)}
+
+
+@_for(INPUTS, "deepseek_vl_hybrid")
+def _deepseek_hybrid_inputs(ctx: InputContext, generic: Callable) -> dict:
+    side = ctx.config.high_res_vision_config.image_size
+    ctx.cache.setdefault("high_res", ctx.randn(ctx.batch, 3, side, side))
+    out = generic(ctx)  # the image-token count needs both views; the generic count sees only pixel_values
+    out["high_res_pixel_values"] = ctx.randn(ctx.batch, 3, side, side)
+    return out
+
+
+@_for(DICT, "deepseek_vl_hybrid")
+def _deepseek_hybrid_sizes(d: dict, plan: Plan, **_: Any) -> None:
+    d["high_res_vision_config"].update(image_size=64, window_size=2, global_attn_indexes=[1])
+
+
+@_for(DICT, "efficientloftr")
+def _loftr_width(d: dict, plan: Plan, **_: Any) -> None:
+    d["hidden_size"] = d["out_features"][-1]  # the coarse transformer runs at the last stage's width
+
+
+@_for(DICT, "moonshine", "moonshine_streaming")
+def _moonshine_heads(d: dict, plan: Plan, **_: Any) -> None:
+    for key in list(d):
+        if key.endswith("num_key_value_heads"):  # its attention views queries with the kv head count
+            d[key] = d.get(key.replace("num_key_value_heads", "num_attention_heads"), plan.heads)
+
+
+@_for(INPUTS, "lxmert")
+def _lxmert_inputs(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    boxes = 4
+    out["visual_feats"] = ctx.randn(ctx.batch, boxes, ctx.config.visual_feat_dim)
+    out["visual_pos"] = torch.rand(ctx.batch, boxes, ctx.config.visual_pos_dim, generator=ctx.gen)
+    return out
+
+
+@_for(INPUTS, "kosmos-2")
+def _kosmos_inputs(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    n = ctx.config.latent_query_num
+    ids = torch.cat([torch.full((ctx.batch, n), 0), out["input_ids"]], 1)  # image embeddings overwrite these slots
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[:, :n] = True
+    out.update(input_ids=ids, image_embeds_position_mask=mask, attention_mask=torch.ones_like(ids))
+    if "labels" in out:
+        out["labels"] = torch.cat([torch.full((ctx.batch, n), -100), out["labels"]], 1)
+    return out
+
+
+@_for(INPUTS, "lightglue", "superglue", "efficientloftr")
+def _pair_inputs(ctx: InputContext, generic: Callable) -> dict:
+    side = ctx.size if ctx.size >= 32 else 32
+    channels = 1 if ctx.model_type == "efficientloftr" else 3
+    return {"pixel_values": ctx.randn(ctx.batch, 2, channels, side, side)}  # image pairs to match

@@ -143,6 +143,7 @@ def generic_inputs(ctx: InputContext) -> dict[str, Any]:
     p = ctx.params
     out: dict[str, Any] = {}
     b = ctx.batch
+    ctx.modality = effective_modality(ctx)
     text_len = ctx.size if ctx.modality in ("text", "other") else TEXT_LEN_DEFAULT
     has_text = "input_ids" in p and ctx.modality not in ("image", "audio", "video", "time_series")
     if "past_values" in p:
@@ -151,7 +152,9 @@ def generic_inputs(ctx: InputContext) -> dict[str, Any]:
         out.update(grid_vision_inputs(ctx))
     elif "pixel_values" in p and ctx.modality in ("image", "image+text", "video", "video+text", "other"):
         channels, side = image_geometry(ctx)
-        if "pixel_attention_mask" in p:  # Idefics-style: (batch, images, channels, height, width) plus a pixel mask
+        if getattr(ctx.config, "image_grid_pinpoints", None) and "image_sizes" in p:
+            out["pixel_values"] = ctx.randn(b, 2, channels, side, side)  # any-res: base view + one tile
+        elif "pixel_attention_mask" in p:  # Idefics-style: (batch, images, channels, height, width) plus a pixel mask
             out["pixel_values"] = ctx.randn(b, 1, channels, side, side)
             out["pixel_attention_mask"] = torch.ones(b, 1, side, side, dtype=torch.long)
         elif ctx.modality.startswith("video"):
@@ -176,6 +179,9 @@ def generic_inputs(ctx: InputContext) -> dict[str, Any]:
         for name in AUDIO_MASKS:
             if name in p:
                 out[name] = torch.ones(b, frames, dtype=torch.long)
+    if "image_sizes" in p and "pixel_values" in out and ctx.modality == "image+text":
+        side = out["pixel_values"].shape[-1]  # before the text: counting image tokens needs it
+        out["image_sizes"] = torch.tensor([[side, side]] * b)
     if has_text or ("input_ids" in p and not out):
         if "pixel_values" in out and ctx.modality == "image+text":
             out["input_ids"] = with_image_tokens(ctx, out, text_len)
@@ -191,8 +197,35 @@ def generic_inputs(ctx: InputContext) -> dict[str, Any]:
     if getattr(ctx.config, "is_encoder_decoder", False) and "decoder_input_ids" in p and ctx.task not in SEQ2SEQ_TASKS | LM_TASKS:
         # as long as the encoder input: QA and classification heads read decoder states at input positions
         out["decoder_input_ids"] = out["input_ids"].clone() if "input_ids" in out else ctx.tokens(b, 8)
+    extra_inputs(ctx, out)
     out.update(labels_for(ctx, out))
     return out
+
+
+def effective_modality(ctx: InputContext) -> str:
+    """The catalog's modality, less the towers this config does not have (Gemma 4 without an audio_config)."""
+    m = ctx.modality
+    no_audio = hasattr(ctx.config, "audio_config") and ctx.config.audio_config is None
+    no_vision = hasattr(ctx.config, "vision_config") and ctx.config.vision_config is None
+    if m == "audio+text" and no_audio:
+        m = "image+text" if "pixel_values" in ctx.params and not no_vision else "text"
+    if m == "image+text" and no_vision:
+        m = "text"
+    return m
+
+
+def extra_inputs(ctx: InputContext, out: dict[str, Any]) -> None:
+    """Inputs that ride along with the main ones when the forward asks for them."""
+    p, b = ctx.params, ctx.batch
+    ids = out.get("input_ids")
+    if "qformer_input_ids" in p:
+        out["qformer_input_ids"] = ctx.tokens(b, 8)
+        if "qformer_attention_mask" in p:
+            out["qformer_attention_mask"] = torch.ones(b, 8, dtype=torch.long)
+    if "bbox" in p and ids is not None and ids.ndim == 2:
+        dim = int(getattr(ctx.config, "dim_bbox", 4) or 4)
+        corners = torch.sort(ctx.randint(1000, (b, ids.shape[1], dim)), dim=-1).values
+        out["bbox"] = corners.float() / 1000 if hasattr(ctx.config, "dim_bbox") else corners
 
 
 def labels_for(ctx: InputContext, inputs: dict[str, Any]) -> dict[str, Any]:

@@ -53,7 +53,7 @@ class Plan:
 
 LAYER_EXACT = {"depth", "n_layer", "n_layers", "num_layers", "layers", "resampler_depth", "num_blocks"}
 LAYER_KEEP = ("feat_extract", "kv_shared", "nextn", "conv_layers", "num_adapter_layers", "pos_conv", "decoder_layers_per_block")
-WIDTH_EXACT = {"intra_bottleneck_size", "true_hidden_size", "d_model", "n_embd", "dim", "embedding_size", "projection_dim", "word_embed_proj_dim", "emb_dim", "d_embed",
+WIDTH_EXACT = {"projector_input_dim", "projector_output_dim", "vision_output_dim", "intra_bottleneck_size", "true_hidden_size", "d_model", "n_embd", "dim", "embedding_size", "projection_dim", "word_embed_proj_dim", "emb_dim", "d_embed",
                "hidden_dim", "output_dim", "text_embed_dim", "vision_embed_dim", "projection_size", "d_inner_model",
                "classifier_proj_size", "xvector_output_dim", "codevector_dim", "proj_codevector_dim", "embed_dim",
                "conv_channels", "d_latent", "proj_dim", "latent_dim"}
@@ -70,7 +70,7 @@ TOPK_EXACT = {"num_experts_per_tok", "moe_topk", "top_k", "experts_per_token", "
               "num_experts_per_token", "router_top_k", "moe_k"}
 POSITION_EXACT = {"max_position_embeddings", "n_positions", "max_target_positions", "max_text_len", "max_seq_len",
                   "max_sequence_length", "n_ctx", "seq_length", "max_length_text"}
-LIST_WIDTH_KEYS = ("hidden_sizes", "embed_dims", "dims", "neck_hidden_sizes", "backbone_channel_list", "encoder_in_channels",
+LIST_WIDTH_KEYS = ("stem_channels", "out_features_channels", "fine_fusion_dims", "hidden_sizes", "embed_dims", "dims", "neck_hidden_sizes", "backbone_channel_list", "encoder_in_channels",
                    "stage_out_channels", "stage_in_channels", "stage_mid_channels", "embed_dim_per_stage", "conv_dim",
                    "tdnn_dim", "downsample_channels", "decoder_in_channels", "hidden_channels", "channels_list",
                    "block_out_channels", "channels", "widths", "out_channels_list", "encoder_hidden_sizes", "dim_mults_ch",
@@ -189,6 +189,7 @@ def _fix_ssm(d: dict[str, Any], plan: Plan) -> None:
     """Mamba-2 style blocks: heads x head dim must equal expand x hidden."""
     for heads, head_dim, expand in (("mamba_n_heads", "mamba_d_head", "mamba_expand"),
                                     ("num_heads", "head_dim", "expand"), ("mamba_num_heads", "mamba_head_dim", "mamba_expand"),
+                                    ("mamba_num_heads", "mamba_head_dim", "expand"),
                                     ("ssm_num_heads", "ssm_head_dim", "ssm_expand")):
         if all(_is_int(d.get(k)) for k in (heads, head_dim)) and _is_int(d.get(expand)) \
                 and any(k in d for k in ("state_size", "mamba_d_state", "ssm_state_size", "mamba_d_conv", "n_groups", "mamba_n_groups")):
@@ -250,6 +251,10 @@ def _shrink_value(key: str, value: Any, d: dict[str, Any], plan: Plan, tokens: T
         return _shrink_int_list(k, value, plan, tokens, orig_layers)
     if isinstance(value, (list, tuple)) and orig_layers and len(value) == orig_layers and orig_layers > plan.layers:
         return _per_layer(value, plan.layers)
+    if isinstance(value, str) and "pattern" in k and orig_layers and len(value) == orig_layers > plan.layers:
+        return "".join(_per_layer(list(value), plan.layers))  # a layer-pattern string ("M-M*-...")
+    if k == "image_grid_pinpoints" and isinstance(value, list):
+        return [[plan.image, plan.image]]  # any-resolution tiling: one tile of the tiny image size
     if isinstance(value, dict) and value and all(_int_like(x) for x in value) and orig_layers and orig_layers > plan.layers:
         # a per-layer table keyed by layer index (Gemma 4's per_layer_config): keep the layers that remain
         kept = {x: v for x, v in value.items() if int(x) < plan.layers}
@@ -382,19 +387,27 @@ def _per_layer(values: Any, n: int) -> Any:
     return kind(head)
 
 
+def rotary_half(d: dict[str, Any], rope: dict[str, Any], plan: Plan) -> int:
+    """Half the rotated dims: head_dim x partial_rotary_factor / 2."""
+    factor = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    factor = factor if isinstance(factor, (int, float)) and 0 < factor <= 1 else 1.0
+    return int(_head_dim_of(d, plan) * factor) // 2
+
+
 def _fix_rope(d: dict[str, Any], plan: Plan) -> None:
-    """Rotary sections must add up to half the (new) head dim."""
+    """Rotary sections must add up to half the (new) rotated head dim."""
     for key in ("rope_parameters", "rope_scaling"):
         rope = d.get(key)
         if not isinstance(rope, dict):
             continue
-        rope = dict(rope)
-        for name in ("mrope_section", "mrope_sections"):
-            section = rope.get(name)
-            if _int_list(section):
-                half = max(len(section), _head_dim_of(d, plan) // 2)
-                rope[name] = _split(half, section)
-        d[key] = rope
+        nested = not ("rope_type" in rope or "rope_theta" in rope)
+        groups = {k: dict(v) for k, v in rope.items() if isinstance(v, dict)} if nested else {None: dict(rope)}
+        for group in groups.values():
+            for name in ("mrope_section", "mrope_sections"):
+                section = group.get(name)
+                if _int_list(section):
+                    group[name] = _split(max(len(section), rotary_half(d, group, plan)), section)
+        d[key] = {**rope, **groups} if nested else groups[None]
 
 
 def _head_dim_of(d: dict[str, Any], plan: Plan) -> int:
@@ -428,11 +441,13 @@ def add_mrope_sections(d: dict[str, Any], plan: Plan) -> None:
     rope = d.get("rope_parameters")
     if "vocab_size" not in d or not isinstance(rope, dict):
         return
-    section = _split(max(3, _head_dim_of(d, plan) // 2), [2, 3, 3])
+    def section(group: dict[str, Any]) -> list[int]:
+        return group.get("mrope_section") or _split(max(3, rotary_half(d, group, plan)), [2, 3, 3])
+
     if "rope_type" in rope or "rope_theta" in rope:
-        rope = {**rope, "mrope_section": rope.get("mrope_section", section)}
+        rope = {**rope, "mrope_section": section(rope)}
     else:  # one rope dict per layer type ({"full_attention": {...}, "sliding_attention": {...}})
-        rope = {k: ({**v, "mrope_section": v.get("mrope_section", section)} if isinstance(v, dict) and "rope_type" in v else v)
+        rope = {k: ({**v, "mrope_section": section(v)} if isinstance(v, dict) and "rope_type" in v else v)
                 for k, v in rope.items()}
     d["rope_parameters"] = rope
 
