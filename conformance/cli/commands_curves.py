@@ -119,7 +119,9 @@ def cmd_curves(args) -> int:
     console.print(f"  target:    loss {tg.losses[0]:.5g} -> {tg.losses[-1]:.5g}, "
                   f"{tg.steps_per_second or 0:.2f} steps/s", highlight=False)
     console.print(comparison.summary(), highlight=False)
-    console.print(f"plot: {paths[0]} (and {paths[1].name}); data: {out / 'curves.json'}", highlight=False)
+    # soft_wrap: a path is never broken across lines, so it can be copied (and parsed) from a log
+    console.print(f"plot: {paths[0]} (and {paths[1].name}); data: {out / 'curves.json'}", highlight=False,
+                  soft_wrap=True)
     verdict = "[bold green]AGREE[/]" if comparison else f"[bold red]DIVERGE at step {comparison.diverged_at}[/]"
     console.print(f"verdict: {verdict}")
     return EXIT_OK if comparison else EXIT_FINDINGS

@@ -187,9 +187,9 @@ def print_summary(report: dict, console) -> None:
         console.print(f"loss curves: {escape(curves['summary'])}")
     plots = report["artifacts"].get("plots", {})
     if "loss_curves" in plots:
-        console.print(f"loss curve plot: {plots['loss_curves'][0]}")
+        console.print(f"loss curve plot: {plots['loss_curves'][0]}", soft_wrap=True)
     verdict = report["verdict"]
     counts = report["counts"]
     console.print(f"verdict: [{VERDICT_STYLE[verdict]}]{verdict.upper()}[/] "
                   f"({counts['error']} errors, {counts['warning']} warnings) in {report['timings']['total_s'] or 0:.1f} s")
-    console.print(f"report: {report['artifacts'].get('html')} and {report['artifacts'].get('json')}")
+    console.print(f"report: {report['artifacts'].get('html')} and {report['artifacts'].get('json')}", soft_wrap=True)

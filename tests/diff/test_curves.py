@@ -154,7 +154,7 @@ def test_curves_command_agrees_and_writes_the_plot(tmp_path):
                      "--target", "neuron", "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.strip().splitlines()
-    assert lines[-1] == "verdict: AGREE" and f"plot: {tmp_path / 'loss_curves.png'}" in " ".join(result.stdout.split())
+    assert lines[-1] == "verdict: AGREE" and lines[-2].startswith(f"plot: {tmp_path / 'loss_curves.png'} ")
     assert "reference: step 6/6" in result.stdout and "target: step 6/6" in result.stdout, "progress is shown"
     assert (tmp_path / "loss_curves.png").stat().st_size > 10_000 and (tmp_path / "loss_curves.svg").exists()
     import json
