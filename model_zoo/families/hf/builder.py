@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 from ...built import BuiltModel, cast_inputs, finish_model, input_generator, output_loss, sgd_factory
@@ -58,11 +59,14 @@ def build_hf(config: ModelConfig, entry: ModelEntry) -> BuiltModel:
     if model_cls is None:
         raise ModelBuildError(f"{entry.name}: cannot import {class_name}")
     plan = plan_for(config, entry)
+    if meta.get("mrope") and config.heads is None:
+        plan = replace(plan, heads=2)  # three M-RoPE sections need at least 3 rotary pairs, even at partial rotary
     hf_config = make_hf_config(meta["model_type"], plan, config.size, entry.modality, mrope=bool(meta.get("mrope")))
     kwargs: dict[str, Any] = {}
     if config.attn != "default":
         kwargs["attn_implementation"] = ATTN_NAMES[config.attn]
     model = fixups.construct(meta["model_type"], model_cls, hf_config, kwargs)
+    hf_config = getattr(model, "config", hf_config)  # the (sub-)config the model was built from
     model = finish_model(model, config)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     params = signature_params(model)

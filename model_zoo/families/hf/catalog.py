@@ -159,9 +159,23 @@ def build_catalog() -> dict[str, Any]:
         except Exception:  # noqa: BLE001 - configs that need arguments
             defaults = {}
         record["moe"] = _has_experts(defaults)
-        record["mrope"] = _source_mentions(record["module"], "mrope_section")
+        sub_modules = {getattr(CONFIG_MAPPING[t], "__module__", "").rsplit(".", 1)[0]
+                       for t in _nested_types(defaults) if t in CONFIG_MAPPING_NAMES}
+        record["mrope"] = any(_source_mentions(m, "mrope_section") for m in {record["module"], *sub_modules})
         types[model_type] = record
     return {"version": transformers.__version__, "types": types}
+
+
+def _nested_types(d: Any) -> set[str]:
+    """The model types of the sub-config dicts nested in a config dict."""
+    found: set[str] = set()
+    if isinstance(d, dict):
+        for v in d.values():
+            if isinstance(v, dict):
+                if isinstance(v.get("model_type"), str):
+                    found.add(v["model_type"])
+                found |= _nested_types(v)
+    return found
 
 
 def _source_mentions(module: str, text: str) -> bool:

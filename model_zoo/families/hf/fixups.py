@@ -60,6 +60,13 @@ def fix_config(model_type: str, cfg: Any, plan: Plan, *, size: int, modality: st
 
 
 def construct(model_type: str, model_cls: type, cfg: Any, kwargs: dict[str, Any]) -> Any:
+    """``model_cls`` from ``cfg``, or from the sub-config of the class it expects (a text-only head of a VLM type)."""
+    wanted = getattr(model_cls, "config_class", None)
+    if isinstance(wanted, type) and not isinstance(cfg, wanted):
+        for value in vars(cfg).values():
+            if isinstance(value, wanted):
+                cfg = value
+                break
     return model_cls._from_config(cfg, **kwargs)
 
 
@@ -200,3 +207,108 @@ def _pair_inputs(ctx: InputContext, generic: Callable) -> dict:
     side = ctx.size if ctx.size >= 32 else 32
     channels = 1 if ctx.model_type == "efficientloftr" else 3
     return {"pixel_values": ctx.randn(ctx.batch, 2, channels, side, side)}  # image pairs to match
+
+
+@_for(DICT, "fun_asr_nano")
+def _fun_asr_adaptor(d: dict, plan: Plan, **_: Any) -> None:
+    d["adaptor_config"]["intermediate_size"] = d["text_config"]["hidden_size"] // 4  # the adaptor's checked ratio
+
+
+@_for(DICT, "reformer")
+def _reformer_chunks(d: dict, plan: Plan, *, size: int, **_: Any) -> None:
+    """Axial positions must factor the sequence and add up to the width; LSH hashing needs a fixed seed."""
+    d.update(axial_pos_shape=[4, size // 4], axial_pos_embds_dim=[plan.hidden // 2, plan.hidden // 2],
+             local_attn_chunk_length=4, lsh_attn_chunk_length=4, num_buckets=2, hash_seed=0,
+             attention_head_size=plan.head_dim, max_position_embeddings=size)
+
+
+@_for(DICT, "step3p7", "step3p5")
+def _step_window(d: dict, plan: Plan, **_: Any) -> None:
+    text = d.get("text_config", d)
+    if text.get("sliding_window") is None:
+        text["sliding_window"] = 8  # the attention insists on a window even with no sliding layers
+
+
+@_for(DICT, "timm_backbone", "timm_wrapper")
+def _timm_backbone(d: dict, plan: Plan, **_: Any) -> None:
+    d["backbone"] = d.get("backbone") or "resnet18"  # a timm architecture, built with random weights
+    d["use_pretrained_backbone"] = False
+    if "architecture" in d and not d.get("architecture"):
+        d["architecture"] = "resnet18"
+
+
+@_for(DICT, "timesfm")
+def _timesfm_patches(d: dict, plan: Plan, *, size: int, **_: Any) -> None:
+    d.update(patch_length=8, context_length=4 * size, horizon_length=16)
+
+
+@_for(INPUTS, "timesfm")
+def _timesfm_inputs(ctx: InputContext, generic: Callable) -> dict:
+    length = ctx.config.context_length
+    return {"past_values": ctx.randn(ctx.batch, length), "past_values_padding": torch.zeros(ctx.batch, length, dtype=torch.long),
+            "freq": torch.zeros(ctx.batch, dtype=torch.long)}
+
+
+@_for(INPUTS, "seggpt")
+def _seggpt_inputs(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    pixels = out["pixel_values"]
+    out["prompt_pixel_values"] = ctx.randn(*pixels.shape)
+    out["prompt_masks"] = ctx.randn(*pixels.shape)
+    return out
+
+
+@_for(INPUTS, "oneformer")
+def _oneformer_inputs(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    out["task_inputs"] = ctx.tokens(ctx.batch, ctx.config.task_seq_len if hasattr(ctx.config, "task_seq_len") else 8)
+    return out
+
+
+@_for(DICT, "lfm2_moe")
+def _lfm2_layers(d: dict, plan: Plan, **_: Any) -> None:
+    d["layer_types"] = (["conv", "full_attention"] * plan.layers)[: plan.layers]  # a checkpoint names the layer kinds
+    d["num_dense_layers"] = min(d.get("num_dense_layers", 1), plan.layers - 1)
+
+
+@_for(DICT, "dory")
+def _dory_loops(d: dict, plan: Plan, *, orig: dict, **_: Any) -> None:
+    d.update(num_hidden_layers=3, layer_types=orig["layer_types"][:3], n_input_layers=1, n_recurrent_layers=1,
+             n_output_layers=1)  # input, recurrent and output stacks must add up to the layer count
+
+
+@_for(DICT, "dots1")
+def _dots1_experts(d: dict, plan: Plan, **_: Any) -> None:
+    d.update(n_routed_experts=plan.experts, n_shared_experts=1, num_experts_per_tok=2)  # None in the default
+
+
+@_for(DICT, "dots3_note")
+def _dots3_swa(d: dict, plan: Plan, **_: Any) -> None:
+    text = d.get("text_config", d)
+    if "swa_head_dim" in text and "qk_nope_head_dim" in text:
+        text["swa_head_dim"] = text["qk_nope_head_dim"] + text["qk_rope_head_dim"]
+
+
+@_for(DICT, "gemma4_assistant", "gemma4_unified_assistant")
+def _gemma_assistant(d: dict, plan: Plan, **_: Any) -> None:
+    for sub in (d, d.get("text_config") or {}):
+        if "hidden_size_per_layer_input" in sub:
+            sub["hidden_size_per_layer_input"] = 0
+
+
+@_for(DICT, "lw_detr", "lw_detr_vit")
+def _lw_detr_windows(d: dict, plan: Plan, **_: Any) -> None:
+    vit = d.get("backbone_config", d)
+    vit.update(num_windows=4, num_windows_side=2)
+    if isinstance(vit.get("window_block_indices"), list):
+        vit["window_block_indices"] = [i for i in vit["window_block_indices"] if i < vit["num_hidden_layers"]] or [0]
+
+
+@_for(DICT, "cohere_compass")
+def _compass_rope(d: dict, plan: Plan, **_: Any) -> None:
+    d["text_config"]["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+
+
+@_for(DICT, "seggpt")
+def _seggpt_canvas(d: dict, plan: Plan, **_: Any) -> None:
+    d["image_size"] = [2 * plan.image, plan.image]  # the prompt and the input are stacked into one tall canvas

@@ -150,6 +150,8 @@ def generic_inputs(ctx: InputContext) -> dict[str, Any]:
         out.update(time_series_inputs(ctx))
     if "image_grid_thw" in p and "pixel_values" in p and ctx.modality in ("image+text", "image"):
         out.update(grid_vision_inputs(ctx))
+    elif "spatial_shapes" in p and "pixel_values" in p:
+        out.update(naflex_inputs(ctx))
     elif "pixel_values" in p and ctx.modality in ("image", "image+text", "video", "video+text", "other"):
         channels, side = image_geometry(ctx)
         if getattr(ctx.config, "image_grid_pinpoints", None) and "image_sizes" in p:
@@ -157,7 +159,7 @@ def generic_inputs(ctx: InputContext) -> dict[str, Any]:
         elif "pixel_attention_mask" in p:  # Idefics-style: (batch, images, channels, height, width) plus a pixel mask
             out["pixel_values"] = ctx.randn(b, 1, channels, side, side)
             out["pixel_attention_mask"] = torch.ones(b, 1, side, side, dtype=torch.long)
-        elif ctx.modality.startswith("video"):
+        elif ctx.modality.startswith("video") or isinstance(getattr(ctx.config, "num_frames", None), int):
             frames = int(getattr(ctx.sub("vision_config"), "num_frames", None) or getattr(ctx.config, "num_frames", None) or 4)
             out["pixel_values"] = ctx.randn(b, frames, channels, side, side)
         else:
@@ -360,7 +362,7 @@ def mel_geometry(ctx: InputContext) -> tuple[int, int]:
     """(mel bins, frames) for ``input_features``."""
     audio = ctx.sub("audio_config", "encoder_config", "speech_config")
     bins = None
-    for name in ("num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels", "mel_bins", "input_dim", "num_mel_filters"):
+    for name in ("feature_projection_input_dim", "num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels", "mel_bins", "input_dim", "num_mel_filters"):
         for owner in (audio, ctx.config):
             value = getattr(owner, name, None)
             if isinstance(value, int) and value > 0:
@@ -445,6 +447,18 @@ def grid_vision_inputs(ctx: InputContext) -> dict[str, Any]:
     ctx.cache["grid_tokens"] = grid * grid // (merge * merge)
     pixels = ctx.randn(ctx.batch * grid * grid, channels * temporal * patch * patch)
     return {"pixel_values": pixels, "image_grid_thw": torch.tensor([[1, grid, grid]] * ctx.batch)}
+
+
+def naflex_inputs(ctx: InputContext) -> dict[str, Any]:
+    """SigLIP2 (NaFlex) style vision input: patch rows, a patch mask and each image's patch grid."""
+    vision = ctx.sub("vision_config")
+    patch = int(_first_int(vision, ("patch_size",)) or 8)
+    channels = int(_first_int(vision, ("num_channels", "in_channels")) or 3)
+    patches = int(_first_int(vision, ("num_patches",)) or 16)
+    grid = max(1, int(patches ** 0.5))
+    return {"pixel_values": ctx.randn(ctx.batch, grid * grid, channels * patch * patch),
+            "pixel_attention_mask": torch.ones(ctx.batch, grid * grid, dtype=torch.long),
+            "spatial_shapes": torch.tensor([[grid, grid]] * ctx.batch)}
 
 
 def _first_int(owner: Any, names: tuple[str, ...]) -> int | None:

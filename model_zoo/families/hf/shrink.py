@@ -53,7 +53,7 @@ class Plan:
 
 LAYER_EXACT = {"depth", "n_layer", "n_layers", "num_layers", "layers", "resampler_depth", "num_blocks"}
 LAYER_KEEP = ("feat_extract", "kv_shared", "nextn", "conv_layers", "num_adapter_layers", "pos_conv", "decoder_layers_per_block")
-WIDTH_EXACT = {"projector_input_dim", "projector_output_dim", "vision_output_dim", "intra_bottleneck_size", "true_hidden_size", "d_model", "n_embd", "dim", "embedding_size", "projection_dim", "word_embed_proj_dim", "emb_dim", "d_embed",
+WIDTH_EXACT = {"condition_dim", "projector_input_dim", "projector_output_dim", "vision_output_dim", "intra_bottleneck_size", "true_hidden_size", "d_model", "n_embd", "dim", "embedding_size", "projection_dim", "word_embed_proj_dim", "emb_dim", "d_embed",
                "hidden_dim", "output_dim", "text_embed_dim", "vision_embed_dim", "projection_size", "d_inner_model",
                "classifier_proj_size", "xvector_output_dim", "codevector_dim", "proj_codevector_dim", "embed_dim",
                "conv_channels", "d_latent", "proj_dim", "latent_dim"}
@@ -78,12 +78,13 @@ LIST_WIDTH_KEYS = ("stem_channels", "out_features_channels", "fine_fusion_dims",
 LIST_DEPTH_KEYS = ("depths", "stage_depths", "blocks_per_stage", "stage_num_blocks", "num_blocks", "layers_per_stage",
                    "stage_numb_of_layers", "block_repeats", "num_layers_per_stage", "stage_num_layers", "encoder_layers_per_stage")
 LIST_HEADS_KEYS = ("num_heads", "num_attention_heads", "num_attention_heads_per_stage", "heads", "attention_heads")
-INDEX_LIST_KEYS = ("global_attn_indexes", "fullatt_block_indexes", "deepstack_visual_indexes", "mlp_only_layers",
+INDEX_LIST_KEYS = ("window_block_indices", "global_attn_indexes", "fullatt_block_indexes", "deepstack_visual_indexes", "mlp_only_layers",
                    "full_attention_layers", "full_attn_idxs", "cross_attention_layers", "sliding_window_layers",
                    "attn_layer_indices", "attn_layer_idx", "global_attention_layers")
 TOKEN_SUFFIX = ("_token_id", "_token_index", "token_id", "_token_ids", "_id_token")
 OFF_FLAGS = {"apply_spec_augment": False, "use_cache": False, "output_router_logits": False, "gradient_checkpointing": False}
-ZERO_FLOATS = ("mask_time_prob", "mask_feature_prob", "layerdrop", "random_mask_ratio", "mask_ratio", "noise_std",
+ZERO_FLOATS = ("router_jitter_noise", "jitter_noise", "input_jitter_noise", "moe_jitter_eps", "router_jitter",
+               "mask_time_prob", "mask_feature_prob", "layerdrop", "random_mask_ratio", "mask_ratio", "noise_std",
                "drop_rate", "stochastic_depth", "mask_prob", "masking_ratio")
 
 
@@ -345,6 +346,10 @@ def _shrink_int(k: str, v: int, plan: Plan, tokens: TokenMap, orig_heads: int | 
         return min(v, 16)
     if k in {"num_groups", "norm_num_groups", "num_norm_groups", "resnet_groups", "group_norm_groups"}:
         return min(v, 4)  # group norm groups must divide the (now narrow) channels
+    if "feature_layer" in k and v < 0:
+        return max(v, -plan.layers)  # a vision layer counted from the end must still exist
+    if "feature_layer" in k and v > 0:
+        return min(v, plan.layers - 1)
     if k in {"num_labels", "num_classes"}:
         return min(v, 10) if k == "num_classes" else v
     return v
@@ -361,6 +366,9 @@ def _shrink_int_list(k: str, v: list[int] | tuple[int, ...], plan: Plan, tokens:
         return kind(_pow2_le(min(x, plan.heads)) for x in v)
     if k in LIST_WIDTH_KEYS:
         return kind(list_width(x) for x in v)
+    if "feature_layer" in k:
+        kept = list(dict.fromkeys(max(x, -plan.layers) if x < 0 else min(x, plan.layers - 1) for x in v))
+        return kind(kept)
     if k in INDEX_LIST_KEYS:
         kept = sorted({min(x, plan.layers - 1) for x in v if x >= 0})
         return kind(kept or [plan.layers - 1])
