@@ -16,9 +16,11 @@ PrivateUse1.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import threading
+import time
 
 from .faults import FAULT_KINDS as FAULT_KIND_CODES
 from .faults import FAULTS_ENV, Fault, FaultSpecError, c10_dtype_name, format_faults, parse_faults
@@ -96,6 +98,7 @@ def register(profile: str | NumericsProfile | None = None, faults: str | list[Fa
                 for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
             )
             _registered = True
+            atexit.register(_let_autograd_threads_settle)
             set_profile(profile if profile is not None else os.environ.get(PROFILE_ENV))
             set_faults(faults if faults is not None else os.environ.get(FAULTS_ENV, ""))
             return
@@ -103,6 +106,21 @@ def register(profile: str | NumericsProfile | None = None, faults: str | list[Fa
         set_profile(profile)
     if faults is not None:
         set_faults(faults)
+
+
+def _let_autograd_threads_settle() -> None:
+    """Gives autograd's device thread a moment, at exit, to drop its last graph task.
+
+    A backward pass on any non-CPU device runs on an autograd worker thread
+    that releases the graph task (and the Python context torch stashes in it)
+    just after the caller's backward() returns. When backward() is the
+    script's last statement, that release can land in interpreter
+    finalisation, where taking the GIL ends the thread through a forced
+    unwind and the process aborts ("terminate called without an active
+    exception"). Waiting here, with the interpreter still alive and the GIL
+    released, lets the release finish first.
+    """
+    time.sleep(0.05)
 
 
 def _require_registered() -> None:

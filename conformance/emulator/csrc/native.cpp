@@ -136,6 +136,16 @@ int64_t fused_sdp_choice_cpu(const at::Tensor& q, const at::Tensor& k, const at:
                                             dropout_p, is_causal, scale, enable_gqa);
 }
 
+// The CPU's ZeroTensor is a storage-less tensor with a dispatch key of its own;
+// re-keyed to the device it would read from no memory at all. The device makes
+// real zeros instead, which is what a ZeroTensor stands for.
+at::Tensor efficient_zero_tensor(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                                 std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                                 std::optional<bool> pin_memory) {
+  auto out = empty_memory_format(size, dtype, layout, device, pin_memory, std::nullopt);
+  return out.zero_();
+}
+
 // Module.to("neuron") keeps parameter objects (and so tied weights) only when
 // the CPU and device tensors may be shallow-copied into each other, as for CUDA.
 bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
@@ -169,6 +179,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+  m.impl("_efficientzerotensor", efficient_zero_tensor);
 }
 
 // ================================================================ rounding

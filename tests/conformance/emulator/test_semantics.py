@@ -182,3 +182,32 @@ def test_emulator_stands_aside_when_privateuse1_is_claimed():
 def test_dtypes_round_trip(neuron, dtype):
     x = (torch.arange(6) % 3).to(dtype)
     assert torch.equal(x.to(neuron).cpu(), x)
+
+
+def test_a_script_ending_in_backward_exits_cleanly():
+    result = run_python("import torch\nx = torch.randn(3, device='neuron', requires_grad=True)\n(x * 2).sum().backward()\n")
+    assert result.returncode == 0, result.stderr
+
+
+def test_zero_gradients_are_real_zeros(neuron):
+    x = torch.randn(4, device=neuron, requires_grad=True)
+    torch.sgn(x).sum().backward()  # the CPU answers with a storage-less ZeroTensor
+    assert torch.equal(x.grad.cpu(), torch.zeros(4))
+
+
+@pytest.mark.parametrize("cell", ["GRU", "LSTM", "GRUCell", "LSTMCell", "RNN"])
+def test_recurrent_layers_train_on_the_device(neuron, cell):
+    from diff import compare
+
+    torch.manual_seed(0)
+    layer = getattr(torch.nn, cell)(4, 8)
+    x = torch.randn(5, 3, 4) if not cell.endswith("Cell") else torch.randn(3, 4)
+    results = []
+    for device in ("cpu", "neuron"):
+        m = __import__("copy").deepcopy(layer).to(device)
+        xd = x.to(device).requires_grad_()
+        out = m(xd)
+        out = out[0] if isinstance(out, tuple) else out
+        out.square().sum().backward()
+        results.append([out.detach().cpu(), xd.grad.cpu()] + [p.grad.cpu() for p in m.parameters()])
+    assert compare(results[1], results[0]), "fused cells on the device agree with the CPU's unfused ones"
