@@ -17,8 +17,10 @@ same work), writing every result to a store as the suite does:
 Workers run one torch thread each (OMP_NUM_THREADS=1), one per core, as on
 a cluster node. Ray's own start (``ray.init``) is outside the timing: a
 cluster is up before a sweep begins. Each figure is the best of --repeat
-runs, and the load average is printed, because other processes on the
-machine change every figure.
+runs. Other processes on the machine change every figure, so each line
+also says how many cores the harness (this process and all its
+descendants) actually got during the warm pass: 2 workers on a machine
+where others hold one of the two cores cannot beat 1 worker.
 """
 
 from __future__ import annotations
@@ -51,8 +53,28 @@ def settings(artifacts: Path):
                             "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
 
 
+def tree_cpu() -> dict[int, float]:
+    """CPU seconds so far of this process and all its descendants (pool workers; a local Ray's processes)."""
+    import psutil
+
+    me = psutil.Process()
+    out = {}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+        except psutil.Error:
+            pass
+    return out
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    return sum(v - before.get(pid, 0.0) for pid, v in after.items())
+
+
 def timed_passes(selected, *, executor: str, jobs: int) -> tuple[float, float, dict]:
-    """(cold seconds, warm seconds, outcome counts) of two passes over the case set on the same workers."""
+    """(cold seconds, warm seconds, cores used in the warm pass, outcome counts) of two passes over the
+    case set on the same workers."""
     from conformance.pool import LocalPool
     from conformance.ray_executor import RayExecutor
     from results.store import ResultStore
@@ -62,20 +84,21 @@ def timed_passes(selected, *, executor: str, jobs: int) -> tuple[float, float, d
         runner = (LocalPool(run_settings, jobs=jobs, persistent=True) if executor == "local"
                   else RayExecutor(run_settings, jobs=jobs, persistent=True))
         by_id = {c.id: c for c in selected}
-        times, counts = [], {}
+        times, counts, cores = [], {}, 0.0
         try:
             with ResultStore.open(tmp) as store:
                 store.ensure_build("bench", target="neuron", label="neuron (emulated)", manifest={})
                 for _ in range(2):
-                    start = time.perf_counter()
+                    start, cpu = time.perf_counter(), tree_cpu()
                     for outcome in runner.run(selected):
                         store.record("bench", by_id[outcome.case_id], outcome)
                         counts[outcome.status.value] = counts.get(outcome.status.value, 0) + 1
                     times.append(time.perf_counter() - start)
+                    cores = cpu_delta(cpu, tree_cpu()) / times[-1]
                 assert len(store.completed("bench")) == len(selected)
         finally:
             runner.close()
-    return times[0], times[1], {k: v // 2 for k, v in counts.items()}
+    return times[0], times[1], cores, {k: v // 2 for k, v in counts.items()}
 
 
 def store_cost(rows: int) -> tuple[float, float]:
@@ -134,15 +157,18 @@ def main() -> int:
         figures: dict[int, tuple[float, float]] = {}
         for jobs in (1, args.jobs):
             runs = [timed_passes(selected, executor=executor, jobs=jobs) for _ in range(args.repeat)]
-            cold, warm = min(r[0] for r in runs), min(r[1] for r in runs)
-            figures[jobs] = (cold, warm)
+            best = min(runs, key=lambda r: r[1])
+            cold, warm = min(r[0] for r in runs), best[1]
+            figures[jobs] = (cold, warm, best[2])
             print(f"{label:<10} {jobs} worker{'s' if jobs > 1 else ' '}: cold {cold:6.1f} s, warm {warm:6.1f} s "
-                  f"({warm / len(selected) * 1e3:5.0f} ms per case warm; "
-                  f"{', '.join(f'{k} {v}' for k, v in sorted(runs[0][2].items()))}; "
+                  f"({warm / len(selected) * 1e3:5.0f} ms per case warm; the harness got {best[2]:.2f} cores; "
+                  f"{', '.join(f'{k} {v}' for k, v in sorted(best[3].items()))}; "
                   f"load average {os.getloadavg()[0]:.1f})", flush=True)
-        (c1, w1), (cn, wn) = figures[1], figures[args.jobs]
+        (c1, w1, k1), (cn, wn, kn) = figures[1], figures[args.jobs]
         print(f"{label:<10} speedup of {args.jobs} workers over 1: {w1 / wn:.2f}x warm, {c1 / cn:.2f}x cold "
-              f"(goal {0.9 * args.jobs:.1f}x)", flush=True)
+              f"(goal {0.9 * args.jobs:.1f}x); CPU per case warm: {w1 * k1 / len(selected) * 1e3:.0f} ms with 1 "
+              f"worker, {wn * kn / len(selected) * 1e3:.0f} ms with {args.jobs} (equal: no serial cost; the "
+              f"speedup is what the free cores allow)", flush=True)
         if executor == "ray":
             ray.shutdown()
 
