@@ -205,7 +205,7 @@ def test_recurrent_layers_train_on_the_device(neuron, cell):
     results = []
     for device in ("cpu", "neuron"):
         m = __import__("copy").deepcopy(layer).to(device)
-        xd = x.to(device).requires_grad_()
+        xd = x.detach().to(device).requires_grad_()
         out = m(xd)
         out = out[0] if isinstance(out, tuple) else out
         out.square().sum().backward()
