@@ -163,7 +163,9 @@ def mean_square_loss(outputs: Any, inputs: dict[str, Any] | None = None) -> torc
         if t.numel() == 0:
             continue
         t = t.real if t.is_complex() else t
-        term = t.float().pow(2).mean()
+        t = t.float()
+        t = torch.where(torch.isfinite(t), t, torch.zeros((), dtype=t.dtype))  # masked logits are -inf by design
+        term = t.pow(2).mean()
         total = term if total is None else total + term
     if total is None:
         raise ModelBuildError("every floating-point output of the model is empty")

@@ -140,12 +140,6 @@ def _ast_inputs(ctx: InputContext, generic: Callable) -> dict:
     return out
 
 
-@_for(CONFIG, "dbrx")
-def _dbrx_rope(cfg: Any, plan: Plan, **_: Any) -> None:
-    theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-    cfg.attn_config.rope_theta = theta  # the attention still reads rope_theta from its own sub-config
-
-
 @_for(INPUTS, "decision_transformer")
 def _decision_inputs(ctx: InputContext, generic: Callable) -> dict:
     c, b, t = ctx.config, ctx.batch, ctx.size
@@ -252,7 +246,8 @@ def _timesfm_inputs(ctx: InputContext, generic: Callable) -> dict:
 @_for(INPUTS, "seggpt")
 def _seggpt_inputs(ctx: InputContext, generic: Callable) -> dict:
     out = generic(ctx)
-    pixels = out["pixel_values"]
+    height, width = ctx.config.image_size
+    pixels = out["pixel_values"] = ctx.randn(ctx.batch, 3, height // 2, width)
     out["prompt_pixel_values"] = ctx.randn(*pixels.shape)
     out["prompt_masks"] = ctx.randn(*pixels.shape)
     return out
@@ -312,3 +307,108 @@ def _compass_rope(d: dict, plan: Plan, **_: Any) -> None:
 @_for(DICT, "seggpt")
 def _seggpt_canvas(d: dict, plan: Plan, **_: Any) -> None:
     d["image_size"] = [2 * plan.image, plan.image]  # the prompt and the input are stacked into one tall canvas
+
+
+@_for(DICT, "sam2", "sam2_video", "sam2_hiera_det_model", "sam2_vision_model")
+def _sam2_channels(d: dict, plan: Plan, **_: Any) -> None:
+    """Hiera doubles its width per stage; the FPN neck lists those widths, deepest first."""
+    vision = d.get("vision_config", d)
+    backbone = vision.get("backbone_config", vision)
+    width = backbone.get("hidden_size") or backbone.get("embed_dim")
+    stages = len(backbone.get("blocks_per_stage") or [1, 2, 7, 2])
+    if isinstance(width, int) and "backbone_channel_list" in vision:
+        vision["backbone_channel_list"] = [width * 2**i for i in reversed(range(stages))]
+    if "window_size_per_stage" in backbone:  # 32 px / stride 4 -> 8, 4, 2, 1 tokens a side
+        backbone["window_size_per_stage"] = [2, 2, 2, 1][:stages]
+        backbone["window_positional_embedding_background_size"] = [2, 2]
+    if "global_attention_blocks" in backbone:
+        backbone["global_attention_blocks"] = [sum(backbone["blocks_per_stage"]) - 1]
+
+
+@_for(DICT, "xmod")
+def _xmod_language(d: dict, plan: Plan, **_: Any) -> None:
+    d["default_language"] = d.get("default_language") or (d.get("languages") or ["en_XX"])[0]
+
+
+@_for(INPUTS, "vit_mae")
+def _mae_noise(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    patches = (ctx.config.image_size // ctx.config.patch_size) ** 2
+    out["noise"] = torch.rand(ctx.batch, patches, generator=ctx.gen)  # the masking draws from here, not the global RNG
+    return out
+
+
+@_for(DICT, "vilt")
+def _vilt_all_patches(d: dict, plan: Plan, **_: Any) -> None:
+    d["max_image_length"] = -1  # otherwise training samples image patches at random
+
+
+@_for(DICT, "tvp")
+def _tvp_prompt(d: dict, plan: Plan, **_: Any) -> None:
+    d.update(max_img_size=plan.image, visual_prompt_size=4)
+
+
+@_for(CONFIG, "dbrx")
+def _dbrx_attention(cfg: Any, plan: Plan, **_: Any) -> None:
+    theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    cfg.attn_config.rope_theta = theta  # the attention still reads rope_theta from its own sub-config
+    if getattr(cfg.attn_config, "clip_qkv", None) is None:
+        cfg.attn_config.clip_qkv = 8.0  # it clamps unconditionally
+
+
+def _set_nested(d: dict, model_type: str, **values: Any) -> None:
+    if d.get("model_type") == model_type:
+        for k, v in values.items():
+            d.setdefault(k, v)
+    for v in d.values():
+        if isinstance(v, dict):
+            _set_nested(v, model_type, **values)
+
+
+@_for(DICT, "qwen3_omni_moe", "qwen3_omni_moe_talker_text")
+def _talker_shared_expert(d: dict, plan: Plan, **_: Any) -> None:
+    _set_nested(d, "qwen3_omni_moe_talker_text", shared_expert_intermediate_size=plan.intermediate)
+
+
+@_for(INPUTS, "musicgen", "musicgen_melody")
+def _musicgen_codebooks(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    k = ctx.text_config.num_codebooks
+    ids = ctx.tokens(ctx.batch * k, ctx.size)  # one row per codebook
+    out.update(input_ids=ids, attention_mask=torch.ones(ctx.batch, ctx.size, dtype=torch.long))
+    out.pop("labels", None)
+    return out
+
+
+@_for(DICT, "apertus1p5")
+def _apertus_offsets(d: dict, plan: Plan, **_: Any) -> None:
+    for sub in (d, d.get("text_config") or {}):
+        if "image_token_offset" in sub:
+            size = sub.get("codebook_size", 64)
+            sub["image_token_offset"] = 64
+            sub["audio_token_offset"] = 64 + size
+
+
+@_for(INPUTS, "mllama")
+def _mllama_inputs(ctx: InputContext, generic: Callable) -> dict:
+    vision = ctx.config.vision_config
+    tiles, b = vision.max_num_tiles, ctx.batch
+    side = vision.image_size
+    ids = torch.cat([torch.full((b, 1), ctx.config.image_token_index), ctx.tokens(b, ctx.size)], 1)
+    cross = torch.zeros(b, ids.shape[1], 1, tiles, dtype=torch.long)
+    cross[..., 0] = 1
+    mask = torch.zeros(b, 1, tiles, dtype=torch.long)
+    mask[..., 0] = 1
+    out = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": ctx.randn(b, 1, tiles, 3, side, side),
+           "aspect_ratio_ids": torch.ones(b, 1, dtype=torch.long), "aspect_ratio_mask": mask, "cross_attention_mask": cross}
+    if "labels" in ctx.params and ctx.task != "base":
+        out["labels"] = ids.clone()
+    return out
+
+
+@_for(INPUTS, "univnet")
+def _univnet_noise(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    frames = out["input_features"].shape[1]
+    out["noise_sequence"] = ctx.randn(ctx.batch, frames, ctx.config.model_in_channels)  # else drawn from the global RNG
+    return out

@@ -159,8 +159,9 @@ def generic_inputs(ctx: InputContext) -> dict[str, Any]:
         elif "pixel_attention_mask" in p:  # Idefics-style: (batch, images, channels, height, width) plus a pixel mask
             out["pixel_values"] = ctx.randn(b, 1, channels, side, side)
             out["pixel_attention_mask"] = torch.ones(b, 1, side, side, dtype=torch.long)
-        elif ctx.modality.startswith("video") or isinstance(getattr(ctx.config, "num_frames", None), int):
-            frames = int(getattr(ctx.sub("vision_config"), "num_frames", None) or getattr(ctx.config, "num_frames", None) or 4)
+        elif ctx.modality.startswith("video") or isinstance(_find_attr(ctx.config, ("num_frames",)), int) \
+                or ctx.model_type in FIVE_D_PIXELS:
+            frames = 1 if ctx.model_type in FIVE_D_PIXELS else int(_find_attr(ctx.config, ("num_frames",)) or 4)
             out["pixel_values"] = ctx.randn(b, frames, channels, side, side)
         else:
             out["pixel_values"] = ctx.randn(b, channels, side, side)
@@ -284,7 +285,9 @@ def labels_for(ctx: InputContext, inputs: dict[str, Any]) -> dict[str, Any]:
 AUDIO_MASKS = ("feature_attention_mask", "input_features_mask", "audio_attention_mask", "input_features_attention_mask",
                "audio_feature_mask", "input_features_lengths_mask")
 # Families whose feature encoder starts with a Conv1d over mel bins but reads (batch, time, mel) and transposes.
-TIME_FIRST = {"speech_to_text", "speech_to_text_2"}
+TIME_FIRST = {"speech_to_text", "speech_to_text_2", "univnet"}
+# Image-text models that take (batch, images, channels, height, width) without a pixel mask.
+FIVE_D_PIXELS = {"colmodernvbert", "modernvbert", "instructblipvideo"}
 
 
 # Families that read raw waveforms as (batch, 1, samples) without a codec-style config.
@@ -405,12 +408,15 @@ def time_series_inputs(ctx: InputContext) -> dict[str, Any]:
 
 def count_image_features(ctx: InputContext, inputs: dict[str, Any]) -> int | None:
     """How many placeholder tokens the images need, from the model's own ``get_image_features``."""
-    return count_features(ctx, "get_image_features", {k: v for k, v in inputs.items() if k.startswith(("pixel", "image"))})
+    return count_features(ctx, "get_image_features",
+                          {k: v for k, v in inputs.items() if k.startswith(("pixel", "image", "spatial_shapes"))})
 
 
 def count_features(ctx: InputContext, method: str, kwargs: dict[str, Any]) -> int | None:
     """Placeholder tokens per sample: the features ``model.<method>(**kwargs)`` returns, in text-width rows."""
     fn = getattr(ctx.model, method, None)
+    if fn is None:  # wrappers (ColPali around PaliGemma) keep the method on an inner model
+        fn = next((getattr(m, method) for m in ctx.model.modules() if m is not ctx.model and hasattr(m, method)), None)
     if fn is None:
         return None
     hidden = getattr(ctx.text_config, "hidden_size", None)

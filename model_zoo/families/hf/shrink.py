@@ -61,7 +61,7 @@ WIDTH_SUFFIX = ("hidden_size", "hidden_dim", "embed_dim", "embedding_dim", "embe
 INTERMEDIATE_EXACT = {"ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner", "mlp_dim", "intermediate_dim",
                       "d_inner", "ff_dim", "dim_feedforward", "ffn_hidden_size"}
 INTERMEDIATE_SUFFIX = ("intermediate_size", "ffn_dim", "intermediate_dim")
-HEAD_DIM_EXACT = {"head_dim", "d_kv", "dim_head", "attention_head_size", "attention_head_dim", "qk_nope_head_dim",
+HEAD_DIM_EXACT = {"d_head", "head_dim", "d_kv", "dim_head", "attention_head_size", "attention_head_dim", "qk_nope_head_dim",
                   "v_head_dim", "linear_key_head_dim", "linear_value_head_dim", "index_head_dim", "swa_head_dim",
                   "resampler_head_dim", "query_pre_attn_scalar", "kv_channels", "head_size", "linear_head_dim"}
 EXPERT_EXACT = {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts",
@@ -162,10 +162,27 @@ def shrink_dict(d: dict[str, Any], plan: Plan, tokens: TokenMap | None = None) -
         out["pad_token_id"] = tokens(1 << 40)  # sequence classification needs a pad id with batch > 1
     _fix_rope(out, plan)
     _fix_mla(out, plan)
+    if _int_list(out.get("decoder_in_channels")) and _is_int(out.get("encoder_hidden_dim") or out.get("d_model")):
+        # DETR-style decoders read the hybrid encoder's outputs, all at the encoder width
+        width = out.get("encoder_hidden_dim") or out.get("d_model")
+        out["decoder_in_channels"] = type(out["decoder_in_channels"])([width] * len(out["decoder_in_channels"]))
+    _anchor_width_lists(d, out)
     _fix_backbone_outputs(d, out, plan)
     _fix_ssm(out, plan)
     _fix_forecast(out)
     return out
+
+
+def _anchor_width_lists(orig: dict[str, Any], d: dict[str, Any]) -> None:
+    """A per-stage width list that starts at the config's scalar width keeps its ratios from the new width."""
+    for key in LIST_WIDTH_KEYS:
+        values = orig.get(key)
+        if not _int_list(values) or values[0] <= 0:
+            continue
+        for anchor in ("hidden_size", "embed_dim", "d_model"):
+            if _is_int(orig.get(anchor)) and orig[anchor] == values[0] and _is_int(d.get(anchor)):
+                d[key] = type(values)(max(1, d[anchor] * v // values[0]) for v in values)
+                break
 
 
 def _fix_backbone_outputs(orig: dict[str, Any], d: dict[str, Any], plan: Plan) -> None:
@@ -329,6 +346,10 @@ def _shrink_int(k: str, v: int, plan: Plan, tokens: TokenMap, orig_heads: int | 
         return min(v, plan.image)
     if k in {"patch_size", "patch_height", "patch_width"}:
         return min(v, PATCH)
+    if k in {"num_pos_feats"}:
+        return min(v, plan.hidden // 2)  # sine position features are concatenated to the hidden width
+    if k in {"image_embedding_size", "image_embedding_side"}:
+        return max(1, plan.image // PATCH)  # the image encoder's output grid (image // patch)
     if k in {"num_position_embeddings", "num_patches"}:
         grid = max(1, plan.image // PATCH)
         return min(v, grid * grid)
