@@ -27,7 +27,7 @@ def test_crash_and_timeout_isolation_on_ray(local_ray, tmp_path):
     # tanh and add first: each actor imports the op database on its first case, which the timeout counts
     # (generously: on a loaded machine that import alone can take half a minute).
     selected.sort(key=lambda c: c.name not in ("tanh", "add"))
-    settings = RunSettings(target="neuron", timeout_s=45, artifacts_dir=str(tmp_path / "artifacts"),
+    settings = RunSettings(target="neuron", timeout_s=30, artifacts_dir=str(tmp_path / "artifacts"),
                            env={"NEURON_VALIDATE_EMULATOR_PROFILE": "exact",
                                 "NEURON_VALIDATE_FAULTS": "crash@aten::sort;hang@aten::topk"})
     with ResultStore.open(tmp_path / "runs") as store:
@@ -39,7 +39,7 @@ def test_crash_and_timeout_isolation_on_ray(local_ray, tmp_path):
     crash, hang = rows["sort"], rows["topk"]
     assert crash.status is Status.CRASH and "worker process died" in crash.message, crash
     assert crash.evidence["executor"] == "ray" and "ray_error" in crash.evidence
-    assert hang.status is Status.TIMEOUT and "timed out after 45 s" in hang.message, hang
+    assert hang.status is Status.TIMEOUT and "timed out after 30 s" in hang.message, hang
     for dead in (crash, hang):  # the replacement actor writes the dead case's reproducer
         assert dead.repro and (tmp_path / "runs" / dead.repro).is_file(), dead.evidence
 
