@@ -53,7 +53,7 @@ class Plan:
 
 LAYER_EXACT = {"depth", "n_layer", "n_layers", "num_layers", "layers", "resampler_depth", "num_blocks"}
 LAYER_KEEP = ("feat_extract", "kv_shared", "nextn", "conv_layers", "num_adapter_layers", "pos_conv", "decoder_layers_per_block")
-WIDTH_EXACT = {"condition_dim", "projector_input_dim", "projector_output_dim", "vision_output_dim", "intra_bottleneck_size", "true_hidden_size", "d_model", "n_embd", "dim", "embedding_size", "projection_dim", "word_embed_proj_dim", "emb_dim", "d_embed",
+WIDTH_EXACT = {"vit_dim", "bottleneck_features", "condition_dim", "projector_input_dim", "projector_output_dim", "vision_output_dim", "intra_bottleneck_size", "true_hidden_size", "d_model", "n_embd", "dim", "embedding_size", "projection_dim", "word_embed_proj_dim", "emb_dim", "d_embed",
                "hidden_dim", "output_dim", "text_embed_dim", "vision_embed_dim", "projection_size", "d_inner_model",
                "classifier_proj_size", "xvector_output_dim", "codevector_dim", "proj_codevector_dim", "embed_dim",
                "conv_channels", "d_latent", "proj_dim", "latent_dim"}
@@ -109,10 +109,11 @@ def _int_list(v: Any) -> bool:
 
 
 def list_width(v: int) -> int:
-    """The fixed map for channel lists: small stays, large divides by 16 (rounded to 8, at least 16)."""
-    if v <= 16:
+    """The fixed map for channel counts: up to 32 stays, 33-512 becomes 32 (as scalar widths do), larger
+    divides by 16 (rounded up to 8), so stage-wise growth survives in the deepest stages."""
+    if v <= 32:
         return v
-    return max(16, int(math.ceil(v / 16 / 8)) * 8)
+    return max(32, int(math.ceil(v / 16 / 8)) * 8)
 
 
 def _pow2_le(v: int) -> int:
@@ -124,6 +125,8 @@ def is_subconfig_dict(value: Any) -> bool:
 
 
 def _original_layers(d: dict[str, Any]) -> int | None:
+    if _int_list(d.get("depths")):
+        return None  # staged backbones (Swin): num_layers counts stages, and per-stage lists must keep their length
     for key in ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "depth", "encoder_layers", "decoder_layers"):
         if _is_int(d.get(key)) and d[key] > 0:
             return d[key]
@@ -362,6 +365,8 @@ def _shrink_int(k: str, v: int, plan: Plan, tokens: TokenMap, orig_heads: int | 
              "memory_fuser_embed_dim", "iou_head_hidden_dim", "auxiliary_channels", "latent_channels",
              "vector_quantization_hidden_dimension", "stem_channels", "decoder_hidden_dim", "encoder_hidden_dim"}:
         return min(v, plan.hidden)
+    if "channel" in k and v > 32:
+        return list_width(v)  # the same map as channel lists, so a scalar and a list that agreed still agree
     if k in {"image_seq_length", "num_image_tokens", "mm_tokens_per_image", "num_queries", "resampler_n_latents",
              "num_latents", "num_query_tokens", "query_num"}:
         return min(v, 16)
