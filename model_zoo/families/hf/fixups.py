@@ -83,7 +83,7 @@ PLAN.update({
 })
 
 
-@_for(DICT, "swin", "donut-swin", "maskformer-swin", "swinv2", "swin2sr")
+@_for(DICT, "swin", "donut-swin", "maskformer-swin", "swinv2")
 def _swin_windows(d: dict, plan: Plan, **_: Any) -> None:
     """Windows must tile every stage: 2x2 patches, 2x2 windows on a 32-pixel image gives 16, 8, 4, 2 tokens a side."""
     d["patch_size"] = 2
@@ -411,4 +411,34 @@ def _univnet_noise(ctx: InputContext, generic: Callable) -> dict:
     out = generic(ctx)
     frames = out["input_features"].shape[1]
     out["noise_sequence"] = ctx.randn(ctx.batch, frames, ctx.config.model_in_channels)  # else drawn from the global RNG
+    return out
+
+
+@_for(INPUTS, "pix2struct")
+def _pix2struct_patches(ctx: InputContext, generic: Callable) -> dict:
+    """Pix2Struct reads flattened patches: (row, column, patch values) per position, with a patch mask."""
+    vision = ctx.config.vision_config
+    n, b = 16, ctx.batch
+    rows = torch.arange(n) // 4
+    cols = torch.arange(n) % 4
+    index = torch.stack([rows, cols], -1).float().expand(b, n, 2)
+    patches = torch.cat([index, ctx.randn(b, n, vision.patch_embed_hidden_size)], -1)
+    out = {"flattened_patches": patches, "attention_mask": torch.ones(b, n, dtype=torch.long)}
+    out["labels" if ctx.task != "base" else "decoder_input_ids"] = ctx.tokens(b, 8)
+    return out
+
+
+@_for(INPUTS, "perceiver")
+def _perceiver_inputs(ctx: InputContext, generic: Callable) -> dict:
+    # the bare Perceiver has no preprocessor: it cross-attends from latents to already-embedded inputs
+    return {"inputs": ctx.randn(ctx.batch, ctx.size, ctx.config.d_model)}
+
+
+@_for(INPUTS, "idefics")
+def _idefics_inputs(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    side = ctx.config.vision_config.image_size
+    ids = out["input_ids"]
+    out["pixel_values"] = ctx.randn(ctx.batch, 1, 3, side, side)  # (batch, images, channels, height, width)
+    out["image_attention_mask"] = torch.ones(ctx.batch, ids.shape[1], 1, dtype=torch.long)
     return out

@@ -148,8 +148,9 @@ def generic_inputs(ctx: InputContext) -> dict[str, Any]:
     has_text = "input_ids" in p and ctx.modality not in ("image", "audio", "video", "time_series")
     if "past_values" in p:
         out.update(time_series_inputs(ctx))
-    if "image_grid_thw" in p and "pixel_values" in p and ctx.modality in ("image+text", "image"):
-        out.update(grid_vision_inputs(ctx))
+    grid_key = next((k for k in ("image_grid_thw", "image_grid_hw", "target_sizes") if k in p), None)
+    if grid_key and "pixel_values" in p and ctx.modality in ("image+text", "image"):
+        out.update(grid_vision_inputs(ctx, grid_key))
     elif "spatial_shapes" in p and "pixel_values" in p:
         out.update(naflex_inputs(ctx))
     elif "pixel_values" in p and ctx.modality in ("image", "image+text", "video", "video+text", "other"):
@@ -180,9 +181,10 @@ def generic_inputs(ctx: InputContext) -> dict[str, Any]:
         features = ctx.randn(b, bins, frames)
         out["input_features"] = features if mel_channels_first(ctx, bins) else features.transpose(1, 2).contiguous()
         for name in AUDIO_MASKS:
-            if name in p:
-                out[name] = torch.ones(b, frames, dtype=torch.long)
-    if "image_sizes" in p and "pixel_values" in out and ctx.modality == "image+text":
+            if name in p:  # Gemma 3n-style "input_features_mask" is boolean, attention masks are integer
+                out[name] = torch.ones(b, frames, dtype=torch.bool if name == "input_features_mask" else torch.long)
+    if "image_sizes" in p and "pixel_values" in out and ctx.modality == "image+text" \
+            and (getattr(ctx.config, "image_grid_pinpoints", None) or ctx.model_type in NEEDS_IMAGE_SIZES):
         side = out["pixel_values"].shape[-1]  # before the text: counting image tokens needs it
         out["image_sizes"] = torch.tensor([[side, side]] * b)
     if has_text or ("input_ids" in p and not out):
@@ -210,6 +212,8 @@ def effective_modality(ctx: InputContext) -> str:
     m = ctx.modality
     no_audio = hasattr(ctx.config, "audio_config") and ctx.config.audio_config is None
     no_vision = hasattr(ctx.config, "vision_config") and ctx.config.vision_config is None
+    if ctx.model_type in TEXT_ONLY:
+        return "text"
     if m == "audio+text" and no_audio:
         m = "image+text" if "pixel_values" in ctx.params and not no_vision else "text"
     if m == "image+text" and no_vision:
@@ -286,6 +290,13 @@ AUDIO_MASKS = ("feature_attention_mask", "input_features_mask", "audio_attention
                "audio_feature_mask", "input_features_lengths_mask")
 # Families whose feature encoder starts with a Conv1d over mel bins but reads (batch, time, mel) and transposes.
 TIME_FIRST = {"speech_to_text", "speech_to_text_2", "univnet"}
+# Multimodal models run on text alone: Gemma 3n's audio tokens index an embedder past the text vocabulary
+# and its vision tower is a full-size timm MobileNetV5 with a fixed token grid, neither of which shrinks.
+TEXT_ONLY = {"gemma3n"}
+# Grid-style vision inputs whose patches stay (channels, patch, patch) images.
+PATCH_IMAGES = {"kimi_k25", "minicpm_ocr", "minicpmv4_6", "minicpmv4_7"}
+# Image-text models whose forward needs each image's size (any-resolution ones are found by their pinpoints).
+NEEDS_IMAGE_SIZES = {"mistral3", "lighton_ocr", "pixtral", "granite4_vision"}
 # Image-text models that take (batch, images, channels, height, width) without a pixel mask.
 FIVE_D_PIXELS = {"colmodernvbert", "modernvbert", "instructblipvideo"}
 
@@ -365,7 +376,7 @@ def mel_geometry(ctx: InputContext) -> tuple[int, int]:
     """(mel bins, frames) for ``input_features``."""
     audio = ctx.sub("audio_config", "encoder_config", "speech_config")
     bins = None
-    for name in ("feature_projection_input_dim", "num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels", "mel_bins", "input_dim", "num_mel_filters"):
+    for name in ("feature_projection_input_dim", "num_mel_bins", "input_feat_size", "feature_size", "input_feat_per_channel", "n_mels", "mel_bins", "input_dim", "num_mel_filters"):
         for owner in (audio, ctx.config):
             value = getattr(owner, name, None)
             if isinstance(value, int) and value > 0:
@@ -409,7 +420,7 @@ def time_series_inputs(ctx: InputContext) -> dict[str, Any]:
 def count_image_features(ctx: InputContext, inputs: dict[str, Any]) -> int | None:
     """How many placeholder tokens the images need, from the model's own ``get_image_features``."""
     return count_features(ctx, "get_image_features",
-                          {k: v for k, v in inputs.items() if k.startswith(("pixel", "image", "spatial_shapes"))})
+                          {k: v for k, v in inputs.items() if k.startswith(("pixel", "image", "spatial_shapes", "target_sizes"))})
 
 
 def count_features(ctx: InputContext, method: str, kwargs: dict[str, Any]) -> int | None:
@@ -441,8 +452,8 @@ def image_token_id(config: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def grid_vision_inputs(ctx: InputContext) -> dict[str, Any]:
-    """Qwen2-VL style vision input: flattened patches plus a (t, h, w) grid per image."""
+def grid_vision_inputs(ctx: InputContext, grid_key: str = "image_grid_thw") -> dict[str, Any]:
+    """Qwen2-VL style vision input: flattened patches plus a (t, h, w) or (h, w) grid per image."""
     vision = ctx.sub("vision_config", "vision_tower_config")
     patch = int(_first_int(vision, ("patch_size", "spatial_patch_size")) or 8)
     temporal = int(_first_int(vision, ("temporal_patch_size",)) or 1)
@@ -452,7 +463,11 @@ def grid_vision_inputs(ctx: InputContext) -> dict[str, Any]:
     grid = max(merge, (side // patch) // merge * merge)
     ctx.cache["grid_tokens"] = grid * grid // (merge * merge)
     pixels = ctx.randn(ctx.batch * grid * grid, channels * temporal * patch * patch)
-    return {"pixel_values": pixels, "image_grid_thw": torch.tensor([[1, grid, grid]] * ctx.batch)}
+    if ctx.model_type in PATCH_IMAGES:  # patches kept as little images for a conv stem
+        pixels = pixels.view(-1, channels, temporal * patch, patch)
+    if grid_key == "image_grid_thw":
+        return {"pixel_values": pixels, grid_key: torch.tensor([[1, grid, grid]] * ctx.batch)}
+    return {"pixel_values": pixels, grid_key: torch.tensor([[grid, grid]] * ctx.batch)}
 
 
 def naflex_inputs(ctx: InputContext) -> dict[str, Any]:

@@ -51,9 +51,9 @@ class Plan:
         return 2 * self.hidden
 
 
-LAYER_EXACT = {"depth", "n_layer", "n_layers", "num_layers", "layers", "resampler_depth", "num_blocks"}
+LAYER_EXACT = {"num_self_attends_per_block", "depth", "n_layer", "n_layers", "num_layers", "layers", "resampler_depth", "num_blocks"}
 LAYER_KEEP = ("feat_extract", "kv_shared", "nextn", "conv_layers", "num_adapter_layers", "pos_conv", "decoder_layers_per_block")
-WIDTH_EXACT = {"vit_dim", "bottleneck_features", "condition_dim", "projector_input_dim", "projector_output_dim", "vision_output_dim", "intra_bottleneck_size", "true_hidden_size", "d_model", "n_embd", "dim", "embedding_size", "projection_dim", "word_embed_proj_dim", "emb_dim", "d_embed",
+WIDTH_EXACT = {"d_latents", "vit_dim", "bottleneck_features", "condition_dim", "projector_input_dim", "projector_output_dim", "vision_output_dim", "intra_bottleneck_size", "true_hidden_size", "d_model", "n_embd", "dim", "embedding_size", "projection_dim", "word_embed_proj_dim", "emb_dim", "d_embed",
                "hidden_dim", "output_dim", "text_embed_dim", "vision_embed_dim", "projection_size", "d_inner_model",
                "classifier_proj_size", "xvector_output_dim", "codevector_dim", "proj_codevector_dim", "embed_dim",
                "conv_channels", "d_latent", "proj_dim", "latent_dim"}
