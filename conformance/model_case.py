@@ -172,7 +172,7 @@ def execute_model_case(case: Case, ctx) -> Outcome:
     t0 = time.perf_counter()
     tolerance = TolerancePolicy().for_dtype(config.arch, scope="model")
     result = compare(actual, expected, tolerance=tolerance, device=target.device.type, path="model")
-    if not result and all(m.kind == "values" for m in result.mismatches):
+    if not result and all(m.kind in ("values", "nonfinite") for m in result.mismatches):
         try:
             golden = run_side(built, config, "cpu", dtype=torch.float64)
             result = compare(actual, expected, golden=golden, tolerance=tolerance, device=target.device.type,
@@ -202,6 +202,14 @@ def execute_model_case(case: Case, ctx) -> Outcome:
                        message=f"numerically right, but ran on the host: {', '.join(trace.fallback[:4])}")
     return Outcome(case_id=case.id, status=Status.PASS, message=f"all {result.leaves} compared tensors match",
                    evidence=evidence, timings=timings)
+
+
+def probe_model_reference(case: Case, ctx) -> None:
+    """Runs only the reference side (after a crash or hang of the whole case)."""
+    from model_zoo import ModelConfig, build
+
+    config = ModelConfig.from_dict(dict(case.config))
+    run_side(build(config), config, ctx.reference.device)
 
 
 def _peak_memory(target, reset: bool = False) -> int | None:

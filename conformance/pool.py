@@ -54,6 +54,18 @@ class _Worker:
     pending_repro: list = field(default_factory=list)
 
 
+def _reference_at_fault(outcome: Outcome, how: str) -> Outcome:
+    """The reference alone also crashed or hung: the case cannot be judged (a skip, with the evidence)."""
+    return Outcome(
+        case_id=outcome.case_id,
+        status=Status.SKIP,
+        message=f"the CPU reference alone also {how} on this case, so the target cannot be judged "
+                f"(target outcome: {outcome.status.value}: {outcome.message})",
+        evidence={**outcome.evidence, "target_status": outcome.status.value, "reference_at_fault": True},
+        duration_s=outcome.duration_s,
+    )
+
+
 class LocalPool:
     """Runs cases on ``jobs`` worker processes and yields Outcomes as they finish."""
 
@@ -133,6 +145,7 @@ class LocalPool:
     def _loop(self, queue: deque[Case]) -> Iterator[Outcome]:
         repro_queue: deque[tuple[Case, Outcome]] = deque()
         waiting_repro: dict[int, tuple[Case, Outcome]] = {}
+        probed: set[int] = set()  # workers whose reference probe finished (the reference survived)
         while queue or any(w.case is not None for w in self._workers) or waiting_repro or repro_queue:
             # Hand out work to idle, ready workers: reproducers of dead cases first.
             for w in self._workers:
@@ -166,7 +179,10 @@ class LocalPool:
                             outcome = Outcome.from_dict(message[1])
                             w.case = None
                             yield outcome
+                        elif verb == "probed":
+                            probed.add(id(w))
                         elif verb == "repro":
+                            probed.discard(id(w))
                             case, outcome = waiting_repro.pop(id(w))
                             outcome.repro = message[1]
                             if message[2]:
@@ -174,11 +190,15 @@ class LocalPool:
                             yield outcome
                         continue
                 if not w.process.is_alive():
-                    yield from self._on_death(w, repro_queue, waiting_repro, now)
+                    yield from self._on_death(w, repro_queue, waiting_repro, probed, now)
                     continue
                 if id(w) in waiting_repro and now - w.started > self.settings.timeout_s:
                     case, outcome = waiting_repro.pop(id(w))
-                    outcome.evidence["repro_error"] = "writing the reproducer timed out"
+                    if id(w) in probed:
+                        outcome.evidence["repro_error"] = "writing the reproducer timed out"
+                    else:
+                        outcome = _reference_at_fault(outcome, "hangs")
+                    probed.discard(id(w))
                     self._replace(w)
                     yield outcome
                     continue
@@ -211,12 +231,16 @@ class LocalPool:
                         self._replace(w)
                         repro_queue.append((case, outcome))
 
-    def _on_death(self, w: _Worker, repro_queue, waiting_repro, now) -> Iterator[Outcome]:
+    def _on_death(self, w: _Worker, repro_queue, waiting_repro, probed, now) -> Iterator[Outcome]:
         exitcode = w.process.exitcode
         pending = waiting_repro.pop(id(w), None)
-        if pending is not None:  # died while writing a reproducer: give up on that reproducer
+        if pending is not None:
             case, outcome = pending
-            outcome.evidence["repro_error"] = f"reproducer writer died: {_signal_name(exitcode)}"
+            if id(w) in probed:  # died while writing the reproducer: give up on that reproducer
+                outcome.evidence["repro_error"] = f"reproducer writer died: {_signal_name(exitcode)}"
+            else:  # died running the reference alone: the CPU reference is at fault
+                outcome = _reference_at_fault(outcome, f"dies ({_signal_name(exitcode)})")
+            probed.discard(id(w))
             yield outcome
         if w.case is not None:
             case = w.case

@@ -26,6 +26,12 @@ KIND_EXECUTORS = {
     "model": "conformance.model_case:execute_model_case",
     "script": "conformance.script_case:execute_script_case",
 }
+# Run only the reference side of a case that crashed or hung: if that dies too,
+# the CPU reference is at fault and the case cannot be judged.
+KIND_REFERENCE_PROBES = {
+    "op": "op_tests.execute:probe_op_reference",
+    "model": "conformance.model_case:probe_model_reference",
+}
 KIND_REPRO_WRITERS = {
     "op": "op_tests.execute:write_op_repro",
     "model": "conformance.model_case:write_model_repro",
@@ -113,6 +119,13 @@ def worker_main(conn, settings: RunSettings) -> None:
             conn.send(("done", execute(case, ctx).to_dict()))
         elif verb == "repro":
             case, outcome = Case.from_dict(request[1]), Outcome.from_dict(request[2])
+            probe = KIND_REFERENCE_PROBES.get(case.kind)
+            if probe and outcome.status in (Status.CRASH, Status.TIMEOUT):
+                try:
+                    _load(probe)(case, ctx)
+                except Exception:  # noqa: BLE001 - a reference that raises is judged by the normal run
+                    pass
+            conn.send(("probed", None, None))
             try:
                 path = write_repro(case, outcome, ctx)
             except Exception as exc:  # noqa: BLE001

@@ -253,6 +253,11 @@ class _Walker:
             return
         tol = self.tol_fn(dtype)
         nan_a, nan_e = torch.isnan(a), torch.isnan(e)
+        if g is not None and not torch.equal(nan_a, nan_e) and self._matches_golden(a, g, tol):
+            # The CPU produced NaN or inf where float64 does not (or the reverse) and the target
+            # agrees with float64: a target more accurate than the CPU is not failed.
+            self._passed("golden")
+            return
         if not torch.equal(nan_a, nan_e):
             extra = int((nan_a & ~nan_e).sum())
             missing = int((~nan_a & nan_e).sum())
@@ -307,6 +312,16 @@ class _Walker:
         if g is not None:
             metrics.update(rmse_target_golden=rmse_t, rmse_reference_golden=rmse_r)
         self.fail(path, "values", msg, metrics)
+
+    def _matches_golden(self, a: torch.Tensor, g: torch.Tensor, tol: Tolerance) -> bool:
+        g = g.to(a.dtype) if a.dtype != g.dtype and not a.is_floating_point() else g
+        golden_in_dtype = g.to(a.dtype)  # float64 rounded to the target's dtype: its NaN/inf pattern there
+        if not torch.equal(torch.isnan(a), torch.isnan(golden_in_dtype)):
+            return False
+        inf_a = torch.isinf(a)
+        if not torch.equal(inf_a, torch.isinf(golden_in_dtype)) or not torch.equal(a[inf_a], golden_in_dtype[inf_a]):
+            return False
+        return tensor_metrics(a, g, rtol=tol.rtol, atol=tol.atol).mismatched == 0
 
     def _passed(self, how: str) -> None:
         self.result.passed_by[how] = self.result.passed_by.get(how, 0) + 1
