@@ -35,10 +35,19 @@ class ReferenceCache:
         self.reference = reference
         self.torch_version = torch.__version__
         self._conn = sqlite3.connect(path, timeout=60)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA busy_timeout=60000")
-        self._conn.execute(SCHEMA)
-        self._conn.commit()
+        # Workers start together and race to create the file; switching the journal mode
+        # can fail with "database is locked" without waiting on the busy timeout.
+        for attempt in range(50):
+            try:
+                self._conn.execute("PRAGMA busy_timeout=60000")
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute(SCHEMA)
+                self._conn.commit()
+                break
+            except sqlite3.OperationalError:
+                if attempt == 49:
+                    raise
+                time.sleep(0.1 + 0.05 * attempt)
 
     def get(self, case_id: str) -> Any | None:
         row = self._conn.execute(

@@ -19,6 +19,9 @@ class RunSettings:
     artifacts_dir: str | None = None  # reproducers go here
     reference_cache: str | None = None  # SQLite file of cached reference outputs
     env: dict[str, str] = field(default_factory=dict)  # set in workers before torch is imported
+    # "module:function"s a worker calls before it reports ready (e.g. loading op_db), so
+    # that the first case's timeout measures the case, not the worker's start-up.
+    warmup: tuple[str, ...] = ()
 
     def worker_env(self) -> dict[str, str]:
         """The environment a worker needs: emulator profile and faults, backend modules."""

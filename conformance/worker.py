@@ -102,6 +102,8 @@ def worker_main(conn, settings: RunSettings) -> None:
     os.environ.update(settings.worker_env())
     try:
         ctx = make_context(settings)
+        for path in settings.warmup:
+            _load(path)()
     except Exception as exc:  # noqa: BLE001
         conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
         return

@@ -80,6 +80,16 @@ def hypothesis_samples(op, case: Case) -> list:
     kind = elementwise_kind(op)
     strategy = tensor_specs(case.dtype) if kind == "unary" else binary_specs(case.dtype)
     backward = case.mode == "backward"
+    # Extra arguments (mvlgamma's p, threshold's value, ...) come from the op's first OpInfo sample.
+    torch.manual_seed(case.seed)
+    template = next(iter(op.sample_inputs("cpu", to_dtype(case.dtype))), None)
+    extra_args, extra_kwargs = (), {}
+    if template is not None:
+        own = 0 if kind == "unary" else 1  # binary ops: the first argument is the other operand
+        extra_args = tuple(template.args[own:])
+        extra_kwargs = dict(template.kwargs)
+        if any(isinstance(v, torch.Tensor) for v in tree_leaves((extra_args, extra_kwargs))):
+            raise HypothesisNotApplicable(f"{op_key(op)} needs tensor arguments the strategies do not make")
 
     def make(spec):
         t = spec.build()
@@ -88,10 +98,15 @@ def hypothesis_samples(op, case: Case) -> list:
     samples = []
     for example in draw_examples(strategy, int(case.config.get("examples", 16)), seed=case.seed):
         if kind == "unary":
-            samples.append(SampleInput(make(example), name=repr(example)))
+            samples.append(SampleInput(make(example), args=extra_args, kwargs=extra_kwargs, name=repr(example)))
         else:
-            samples.append(SampleInput(make(example[0]), args=(make(example[1]),), name=repr(example)))
+            samples.append(SampleInput(make(example[0]), args=(make(example[1]), *extra_args), kwargs=extra_kwargs,
+                                       name=repr(example)))
     return samples
+
+
+class HypothesisNotApplicable(ValueError):
+    """The op needs arguments the hypothesis strategies do not generate."""
 
 
 def sample_parts(sample) -> tuple[Any, tuple, dict]:
@@ -188,6 +203,9 @@ def inputs_fingerprint(samples) -> str:
         for leaf in tree_leaves(sample_parts(sample)):
             if isinstance(leaf, torch.Tensor):
                 t = leaf.detach().cpu()
+                if t.layout != torch.strided:  # sparse: fingerprint its dense values
+                    h.update(f"{t.layout}".encode())
+                    t = t.to_dense()
                 h.update(f"{t.dtype}{tuple(t.shape)}{t.stride()}".encode())
                 if t.layout == torch.strided and t.numel():
                     flat = torch.empty(t.numel(), dtype=t.dtype)
@@ -296,6 +314,8 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     t0 = time.perf_counter()
     try:
         samples = generate_samples(op, case)
+    except HypothesisNotApplicable as exc:
+        return Outcome(case_id=case.id, status=Status.SKIP, message=f"hypothesis examples do not apply: {exc}")
     except Exception as exc:  # noqa: BLE001
         return Outcome(case_id=case.id, status=Status.SKIP,
                        message=f"sample generation failed: {type(exc).__name__}: {exc}".splitlines()[0],

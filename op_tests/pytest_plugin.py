@@ -46,6 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
         reference=config.getoption("--reference"),
         backend_modules=modules,
         timeout_s=config.getoption("--case-timeout"),
+        warmup=("op_tests.sources:op_db",),
     )
 
 

@@ -21,6 +21,7 @@ DIRECTIONS = ("forward", "backward")
 DTYPE_NAMES = (
     "float32", "float64", "float16", "bfloat16", "complex32", "complex64", "complex128",
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool",
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "bcomplex32",
 )
 
 

@@ -45,7 +45,7 @@ def add_suite_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-reference-cache", action="store_true", help="do not reuse cached reference results")
 
 
-def _settings(args, *, timeout: float):
+def _settings(args, *, timeout: float, build: str, warmup: tuple[str, ...] = ()):
     from conformance.settings import RunSettings
 
     results = Path(args.results)
@@ -55,12 +55,13 @@ def _settings(args, *, timeout: float):
         backend_modules=tuple(args.backend_module),
         timeout_s=args.timeout or timeout,
         rss_limit_mb=args.rss_limit_mb,
-        artifacts_dir=str(results / "artifacts"),
+        artifacts_dir=str(results / "artifacts" / build),  # one folder per build: builds never overwrite each other
         reference_cache=None if args.no_reference_cache else str(results / "reference_cache.sqlite"),
+        warmup=warmup,
     )
 
 
-def _run(args, cases, *, kind_label: str, timeout: float, group: str = "dtype") -> int:
+def _run(args, cases, *, kind_label: str, timeout: float, group: str = "dtype", warmup: tuple[str, ...] = ()) -> int:
     from conformance.case import parse_shard
     from conformance.suite import default_build_id, run_suite
     from results.store import ResultStore
@@ -78,8 +79,8 @@ def _run(args, cases, *, kind_label: str, timeout: float, group: str = "dtype") 
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     reference, target = resolve_targets(args)
-    settings = _settings(args, timeout=timeout)
     build = args.build or default_build_id(target.label)
+    settings = _settings(args, timeout=timeout, build=build, warmup=warmup)
     manifest = target.manifest()
     manifest["reference"] = reference.manifest()
     with ResultStore.open(args.results) as store:
@@ -121,7 +122,7 @@ def cmd_ops(args) -> int:
         for c in cases:
             print(c.id, c.title)
         return EXIT_OK
-    return _run(args, cases, kind_label="ops", timeout=300.0)
+    return _run(args, cases, kind_label="ops", timeout=300.0, warmup=("op_tests.sources:op_db",))
 
 
 def build_parser() -> argparse.ArgumentParser:
