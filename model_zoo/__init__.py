@@ -21,11 +21,11 @@ from .built import BuiltModel
 from .config import ATTN_IMPLS, DTYPES, EXECUTIONS, KNOBS, MODES, ModelConfig
 from .errors import DuplicateModelError, ModelBuildError, ModelZooError, UnknownModelError, one_line
 from .registry import ModelEntry, get_entry, list_models
-from .space import count_configs, enumerate_configs, sample_configs
+from .space import base_configs, count_configs, enumerate_configs, sample_configs
 from .status import load_status
 
 __all__ = [
-    "ATTN_IMPLS", "BuiltModel", "DTYPES", "DuplicateModelError", "EXECUTIONS", "KNOBS", "MODES", "ModelBuildError",
+    "ATTN_IMPLS", "BuiltModel", "base_configs", "DTYPES", "DuplicateModelError", "EXECUTIONS", "KNOBS", "MODES", "ModelBuildError",
     "ModelConfig", "ModelEntry", "ModelZooError", "UnknownModelError", "build", "count_configs", "default_config",
     "enumerate_configs", "get_entry", "list_models", "load_status", "registry", "sample_configs",
 ]

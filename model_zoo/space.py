@@ -238,6 +238,23 @@ def sample_configs(n: int, seed: int, families: Iterable[str] | None = None,
     return list(chosen.values())
 
 
+def base_configs(families: Iterable[str] | None = None, patterns: Iterable[str] | str | None = None, *,
+                 exclude: Iterable[str] | str | None = None) -> list[ModelConfig]:
+    """One base configuration (float32, default batch and size, train, eager) per selected entry.
+
+    Unlike ``sample_configs`` this ignores the survey: an entry that does not
+    build still gets its config, so a run over it states why (a ``skip`` with
+    its reason) instead of leaving it out. This is how coverage figures such
+    as "timm architectures passing train forward+backward" are measured.
+    """
+    out = []
+    for entry in _select(families, patterns, exclude):
+        values = _axis_values(entry)
+        if all(values[a] for a in AXES):
+            out.append(_make(entry, _base_supported(entry, values)))
+    return out
+
+
 def _base_supported(entry: ModelEntry, values: dict[str, list[Any]]) -> dict[str, Any]:
     """The base choice, or the first supported combination when the base one is excluded."""
     choice = _base_choice(values)

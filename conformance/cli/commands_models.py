@@ -2,11 +2,13 @@
 
     neuron-conformance models --list [--family F] [--filter GLOB]
     neuron-conformance models --target neuron [--family F] [--filter GLOB] [--exclude GLOB]
-                              [--sample N --seed S] [--build ID] [-j N] [--shard i/N] [--resume]
+                              [--sample N --seed S | --base] [--build ID] [-j N] [--shard i/N] [--resume]
 
 Without ``--sample`` every enumerated configuration of the selection runs;
 with it, a deterministic stratified subset in which every buildable
-architecture appears at least once.
+architecture appears at least once; with ``--base``, one base configuration
+(float32, train forward+backward, eager) of every selected entry, whether the
+survey built it or not, which is how per-family pass rates are measured.
 """
 
 from __future__ import annotations
@@ -63,7 +65,11 @@ def cmd_models(args) -> int:
         if args.list:
             _print_counts(model_zoo.count_configs(families, patterns, exclude=exclude))
             return EXIT_OK
-        if args.sample is not None:
+        if args.base and args.sample is not None:
+            raise UsageError("--base and --sample are exclusive: --base runs one base config per architecture")
+        if args.base:
+            configs = model_zoo.base_configs(families, patterns, exclude=exclude)
+        elif args.sample is not None:
             if args.sample < 1:
                 raise UsageError(f"--sample {args.sample}: must be at least 1")
             configs = model_zoo.sample_configs(args.sample, args.seed, families, patterns, exclude=exclude)
@@ -87,5 +93,7 @@ def register(sub) -> None:
     p.add_argument("--exclude", default="", help="comma-separated globs to leave out")
     p.add_argument("--sample", type=int, default=None, help="a stratified subset of N configurations")
     p.add_argument("--seed", type=int, default=0, help="seed of --sample")
+    p.add_argument("--base", action="store_true",
+                   help="one base config (float32, train, eager) per architecture, built or not: coverage figures")
     p.add_argument("--list", action="store_true", help="print counts per family and axis and exit")
     p.set_defaults(func=cmd_models)

@@ -75,12 +75,18 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.bfloat16, torch.float16]
 
 
+def _as_int64(seed: int) -> int:
+    """A seed's 64 bits as the signed integer the schema carries (``torch.seed()`` can exceed int64)."""
+    bits = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
+    return bits - (1 << 64) if bits >= 1 << 63 else bits
+
+
 def manual_seed(seed: int) -> None:
-    _api().manual_seed(current_device(), int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+    _api().manual_seed(current_device(), _as_int64(seed))
 
 
 def manual_seed_all(seed: int) -> None:
-    _api().manual_seed_all(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+    _api().manual_seed_all(_as_int64(seed))
 
 
 def seed() -> None:
@@ -88,7 +94,7 @@ def seed() -> None:
 
 
 def initial_seed() -> int:
-    return int(_api().initial_seed(current_device()))
+    return int(_api().initial_seed(current_device())) & 0xFFFF_FFFF_FFFF_FFFF  # unsigned, as torch.initial_seed()
 
 
 def get_rng_state(device="neuron") -> torch.Tensor:

@@ -295,6 +295,8 @@ def _gemma_assistant(d: dict, plan: Plan, **_: Any) -> None:
 def _lw_detr_windows(d: dict, plan: Plan, **_: Any) -> None:
     vit = d.get("backbone_config", d)
     vit.update(num_windows=4, num_windows_side=2)
+    if "projector_scale_factors" in d and not d["projector_scale_factors"]:
+        d.update(projector_scale_factors=[1.0], num_feature_levels=1)  # the default leaves the projector empty
     if isinstance(vit.get("window_block_indices"), list):
         vit["window_block_indices"] = [i for i in vit["window_block_indices"] if i < vit["num_hidden_layers"]] or [0]
 
@@ -441,4 +443,32 @@ def _idefics_inputs(ctx: InputContext, generic: Callable) -> dict:
     ids = out["input_ids"]
     out["pixel_values"] = ctx.randn(ctx.batch, 1, 3, side, side)  # (batch, images, channels, height, width)
     out["image_attention_mask"] = torch.ones(ctx.batch, ids.shape[1], 1, dtype=torch.long)
+    return out
+
+
+@_for(DICT, "bros")
+def _bros_bbox(d: dict, plan: Plan, **_: Any) -> None:
+    # box position embeddings are projected to one attention head's width
+    d.update(dim_bbox_sinusoid_emb_2d=32, dim_bbox_sinusoid_emb_1d=4, dim_bbox_projection=plan.head_dim)
+
+
+@_for(DICT, "deepseek_ocr2")
+def _deepseek_ocr_mlp(d: dict, plan: Plan, **_: Any) -> None:
+    text = d.get("text_config", d)
+    if text.get("mlp_layer_types") is None:
+        text["mlp_layer_types"] = (["dense", "sparse"] * plan.layers)[: plan.layers]  # a checkpoint names them
+
+
+@_for(DICT, "diffusion_gemma")
+def _diffusion_gemma_experts(d: dict, plan: Plan, **_: Any) -> None:
+    text = d["text_config"]
+    text.update(num_experts=plan.experts, top_k_experts=2, moe_intermediate_size=plan.intermediate)
+
+
+@_for(INPUTS, "dia")
+def _dia_channels(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    channels = ctx.config.decoder_config.num_channels
+    key = "labels" if "labels" in out else "decoder_input_ids"
+    out[key] = ctx.tokens(ctx.batch, 8, channels)  # one audio codebook per channel
     return out

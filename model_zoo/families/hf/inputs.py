@@ -298,7 +298,7 @@ PATCH_IMAGES = {"kimi_k25", "minicpm_ocr", "minicpmv4_6", "minicpmv4_7"}
 # Image-text models whose forward needs each image's size (any-resolution ones are found by their pinpoints).
 NEEDS_IMAGE_SIZES = {"mistral3", "lighton_ocr", "pixtral", "granite4_vision"}
 # Image-text models that take (batch, images, channels, height, width) without a pixel mask.
-FIVE_D_PIXELS = {"colmodernvbert", "modernvbert", "instructblipvideo"}
+FIVE_D_PIXELS = {"colmodernvbert", "modernvbert", "instructblipvideo", "granite_docling"}
 
 
 # Families that read raw waveforms as (batch, 1, samples) without a codec-style config.

@@ -395,6 +395,8 @@ def _shrink_int_list(k: str, v: list[int] | tuple[int, ...], plan: Plan, tokens:
     if "feature_layer" in k:
         kept = list(dict.fromkeys(max(x, -plan.layers) if x < 0 else min(x, plan.layers - 1) for x in v))
         return kind(kept)
+    if k in {"intermediate_hook_ids", "intermediate_layers_indices"}:
+        return kind(min(x, plan.layers - 1) for x in v)  # paired with per-hook lists: keep the length
     if k in INDEX_LIST_KEYS:
         kept = sorted({min(x, plan.layers - 1) for x in v if x >= 0})
         return kind(kept or [plan.layers - 1])

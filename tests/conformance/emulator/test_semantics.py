@@ -115,6 +115,16 @@ def test_manual_seed_makes_device_randomness_reproducible(neuron):
     assert torch.equal(d.cpu(), torch.rand(4, device=neuron).cpu())
 
 
+def test_seeds_beyond_int64_are_accepted_like_cpu(neuron):
+    # torch.seed() returns an unsigned 64-bit value; models (Reformer) reseed with it
+    big = 2**64 - 5
+    torch.manual_seed(big)
+    assert torch.neuron.initial_seed() == torch.initial_seed() == big
+    a = torch.randn(3, device=neuron)
+    torch.manual_seed(big)
+    assert torch.equal(a.cpu(), torch.randn(3, device=neuron).cpu())
+
+
 def test_device_random_stream_is_separate_under_a_device_profile(profile):
     profile("neuron-2.27")
     torch.manual_seed(0)
