@@ -39,7 +39,7 @@ def plain_outputs(value: Any, depth: int = 0) -> Any:
     if depth > 8:
         return None
     if isinstance(value, torch.Tensor):
-        return value
+        return value.detach()  # an attached output's graph would keep every parameter alive
     if isinstance(value, (bool, int, float)) or value is None:
         return value
     if isinstance(value, Mapping):
@@ -63,9 +63,14 @@ def _float_inputs(inputs: dict, dtype) -> dict:
     return {k: cast(v) for k, v in inputs.items()}
 
 
-def run_side(built, config, device, *, prepare=None, dtype=None) -> dict:
-    """Runs the config's mode on one side; returns what is compared (all on that side's device)."""
-    model = copy.deepcopy(built.model)
+def run_side(built, config, device, *, prepare=None, dtype=None, in_place: bool = False) -> dict:
+    """Runs the config's mode on one side; returns what is compared (all on that side's device).
+
+    By default the side trains a copy of ``built.model``; ``in_place`` trains
+    ``built.model`` itself (no copy: for the last run of a case, when the
+    model's parameter memory matters), leaving it trained.
+    """
+    model = built.model if in_place else copy.deepcopy(built.model)
     if dtype is not None:
         model = model.to(dtype)
     model = model.to(device)
@@ -95,15 +100,17 @@ def run_side(built, config, device, *, prepare=None, dtype=None) -> dict:
         losses.append(loss.detach())
         if step == 0:
             outputs = plain_outputs(out)
-        grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in model.named_parameters()}
+        # No clones: the gradient tensors themselves are the result (set_to_none below gives the next step
+        # new ones), so a side holds its parameters' memory once, not twice.
+        grads = {n: (p.grad.detach() if p.grad is not None else None) for n, p in model.named_parameters()}
         if optimizer is not None:
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
     result: dict[str, Any] = {"loss": losses if config.mode == "steps" else losses[0], "grads": grads}
     if config.mode == "train":
         result["outputs"] = outputs
     else:
-        result["params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        result["params"] = {n: p.detach().clone() if in_place else p.detach() for n, p in model.named_parameters()}
     return result
 
 
@@ -135,18 +142,13 @@ def execute_model_case(case: Case, ctx) -> Outcome:
     timings["generation"] = time.perf_counter() - t0
     target, reference = ctx.target, ctx.reference
 
-    t0 = time.perf_counter()
-    try:
-        expected = run_side(built, config, reference.device)
-    except Exception as exc:  # noqa: BLE001
-        return Outcome(case_id=case.id, status=Status.SKIP, message=f"fails on the reference: {_one_line(exc)}",
-                       evidence={"error": traceback.format_exc()}, timings=timings)
-    timings["reference"] = time.perf_counter() - t0
-
+    # The target trains a copy first; the reference then trains the built model itself. A case so holds
+    # at most three copies of the parameters (built, target's, reference's gradients), not four: large
+    # timm models then fit the 4 GiB worker cap. Reruns (golden, determinism) rebuild the model.
     prepare = None
     if target.compiles or config.execution == "compile":
         prepare = lambda m: torch.compile(m, backend=target.compile_backend(), dynamic=False)  # noqa: E731
-    peak_before = _peak_memory(target, reset=True)
+    _peak_memory(target, reset=True)
     t0 = time.perf_counter()
     with target.track_ops() as tracker:
         try:
@@ -154,8 +156,18 @@ def execute_model_case(case: Case, ctx) -> Outcome:
             target.synchronize()
             error = None
         except Exception as exc:  # noqa: BLE001
-            error = exc
+            actual, error = None, exc
     timings["target"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    try:
+        expected = run_side(built, config, reference.device, in_place=True)
+    except Exception as exc:  # noqa: BLE001
+        return Outcome(case_id=case.id, status=Status.SKIP, message=f"fails on the reference: {_one_line(exc)}",
+                       evidence={"error": traceback.format_exc()}, timings=timings)
+    timings["reference"] = time.perf_counter() - t0
+    del built
+
     evidence: dict[str, Any] = {"config": str(config)}
     trace = tracker.trace
     if trace is not None:
@@ -174,13 +186,13 @@ def execute_model_case(case: Case, ctx) -> Outcome:
     result = compare(actual, expected, tolerance=tolerance, device=target.device.type, path="model")
     if not result and all(m.kind in ("values", "nonfinite") for m in result.mismatches):
         try:
-            golden = run_side(built, config, "cpu", dtype=torch.float64)
+            golden = run_side(build(config), config, "cpu", dtype=torch.float64, in_place=True)
             result = compare(actual, expected, golden=golden, tolerance=tolerance, device=target.device.type,
                              path="model")
         except Exception as exc:  # noqa: BLE001 - no golden: judge against the reference alone
             evidence["golden_error"] = _one_line(exc)
         if not result:
-            again = run_side(built, config, reference.device)
+            again = run_side(build(config), config, reference.device, in_place=True)
             if not compare(again, expected, tolerance=tolerance):
                 timings["comparison"] = time.perf_counter() - t0
                 return Outcome(case_id=case.id, status=Status.SKIP, timings=timings, evidence=evidence,

@@ -24,6 +24,9 @@ from .outcome import Outcome, Status
 from .settings import RunSettings
 from .worker import worker_main
 
+# An idle persistent worker above this fraction of the RSS cap is replaced between cases: the allocator
+# keeps freed memory, and a big model would otherwise push an innocent later case over the cap.
+RECYCLE_FRACTION = 0.5
 POLL_S = 0.25
 WORKER_START_TIMEOUT_S = 180.0
 
@@ -178,6 +181,8 @@ class LocalPool:
                         elif verb == "done":
                             outcome = Outcome.from_dict(message[1])
                             w.case = None
+                            if self._rss_mb(w) > self.settings.rss_limit_mb * RECYCLE_FRACTION:
+                                self._replace(w)  # memory kept from earlier cases must not fail the next one
                             yield outcome
                         elif verb == "probed":
                             probed.add(id(w))

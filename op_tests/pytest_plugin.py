@@ -1,90 +1,57 @@
-"""The pytest route: the operator suite's cases as parametrized tests.
+"""The pytest route of the operator suite: its cases as parametrized tests.
 
     pytest op_tests --target neuron -n 2 --junitxml out.xml [--ops GLOB] [--dtypes LIST]
 
-Each test runs its case in a worker process of the harness's own pool (one
-per pytest process), so a crash or hang fails that test, not the session.
-State lives on the pytest config object, not in globals.
+The target options, the worker pool and the verdicts come from
+``conformance.pytest_plugin``; this plugin adds the selection of ops.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-SETTINGS_KEY = pytest.StashKey()
+pytest_plugins = ["conformance.pytest_plugin"]
+
+CASES_KEY = pytest.StashKey()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    g = parser.getgroup("neuron-validate", "operator conformance")
-    g.addoption("--target", default="neuron", help="DEVICE[:MODE] to test (default: neuron)")
-    g.addoption("--reference", default="cpu", help="reference target (default: cpu)")
-    g.addoption("--backend-module", action="append", default=[], help="module that registers a backend")
-    g.addoption("--emulator-profile", default=None, help="numerics profile of the emulated neuron device")
+    g = parser.getgroup("neuron-validate-ops", "operator conformance")
     g.addoption("--ops", default="*", help="comma-separated globs over OpInfo names")
     g.addoption("--exclude-ops", default="", help="comma-separated globs to leave out")
     g.addoption("--dtypes", default="", help="comma-separated dtypes (default: all)")
     g.addoption("--directions", default="forward,backward", help="forward, backward or both")
     g.addoption("--max-samples", type=int, default=0, help="at most this many samples per case")
-    g.addoption("--case-timeout", type=float, default=300.0, help="seconds per case")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from conformance.emulator.profiles import PROFILE_ENV, resolve_profile
-    from conformance.settings import RunSettings
+    """Selects the cases up front, so a bad selection is a usage error (exit 4) with one line."""
+    from conformance.pytest_plugin import split
+    from op_tests.sources import OpSelection, UnknownOpError, op_cases
 
-    profile = config.getoption("--emulator-profile")
-    if profile:
-        resolve_profile(profile)  # fails the session early on a bad name
-        os.environ[PROFILE_ENV] = profile
-    modules = tuple(config.getoption("--backend-module"))
-    if modules:
-        os.environ["NEURON_VALIDATE_EMULATOR_AUTOLOAD"] = "0"
-    config.stash[SETTINGS_KEY] = RunSettings(
-        target=config.getoption("--target"),
-        reference=config.getoption("--reference"),
-        backend_modules=modules,
-        timeout_s=config.getoption("--case-timeout"),
-        warmup=("op_tests.sources:op_db",),
-    )
-
-
-def _split(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
+    opt = config.getoption
+    try:
+        config.stash[CASES_KEY] = op_cases(OpSelection(
+            patterns=split(opt("--ops")) or ("*",),
+            exclude=split(opt("--exclude-ops")),
+            dtypes=split(opt("--dtypes")),
+            directions=split(opt("--directions")),
+            max_samples=opt("--max-samples"),
+        ))
+    except (UnknownOpError, ValueError) as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "op_case" not in metafunc.fixturenames:
-        return
-    from op_tests.sources import OpSelection, op_cases
-
-    opt = metafunc.config.getoption
-    cases = op_cases(OpSelection(
-        patterns=_split(opt("--ops")) or ("*",),
-        exclude=_split(opt("--exclude-ops")),
-        dtypes=_split(opt("--dtypes")),
-        directions=_split(opt("--directions")),
-        max_samples=opt("--max-samples"),
-    ))
-    metafunc.parametrize("op_case", cases, ids=[c.title.removeprefix("op:") for c in cases])
+    if "op_case" in metafunc.fixturenames:
+        cases = metafunc.config.stash[CASES_KEY]
+        metafunc.parametrize("op_case", cases, ids=[c.title.removeprefix("op:") for c in cases])
 
 
 @pytest.fixture(scope="session")
 def op_runner(pytestconfig):
-    from conformance.pool import LocalPool
+    from conformance.pytest_plugin import open_runner, settings
 
-    pool = LocalPool(pytestconfig.stash[SETTINGS_KEY], jobs=1, persistent=True)
+    pool = open_runner(settings(pytestconfig, timeout_s=300.0, warmup=("op_tests.sources:op_db",)))
     yield pool
     pool.close()
-
-
-def check_outcome(outcome) -> None:
-    """Turns an Outcome into a pytest verdict."""
-    from conformance.outcome import Status
-
-    if outcome.status is Status.PASS:
-        return
-    if outcome.status is Status.SKIP:
-        pytest.skip(outcome.message)
-    pytest.fail(f"{outcome.status.value}: {outcome.message}", pytrace=False)

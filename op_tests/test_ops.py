@@ -1,6 +1,6 @@
 """Every selected OpInfo case, on the target against the reference."""
 
-from op_tests.pytest_plugin import check_outcome
+from conformance.pytest_plugin import check_outcome
 
 
 def test_op(op_case, op_runner):

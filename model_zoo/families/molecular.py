@@ -72,7 +72,7 @@ class MPNN(nn.Module):
             m = message(torch.cat([h[src], h[dst], e], -1))
             agg = torch.zeros_like(h).index_add_(0, dst, m)
             h = update(agg, h)
-        pooled = torch.zeros(target.shape[0], h.shape[-1], dtype=h.dtype).index_add_(0, graph_index, h)
+        pooled = h.new_zeros(target.shape[0], h.shape[-1]).index_add_(0, graph_index, h)  # on h's device
         pred = self.readout(pooled).squeeze(-1)
         return {"loss": (pred.float() - target.float()).pow(2).mean(), "prediction": pred, "node_states": h}
 
@@ -101,7 +101,7 @@ class EGNN(nn.Module):
             m = edge(torch.cat([h[src], h[dst], dist2], -1))
             x = x + torch.zeros_like(x).index_add_(0, dst, diff * coord(m)) / 4
             h = h + node(torch.cat([h, torch.zeros_like(h).index_add_(0, dst, m)], -1))
-        pooled = torch.zeros(target.shape[0], h.shape[-1], dtype=h.dtype).index_add_(0, graph_index, h)
+        pooled = h.new_zeros(target.shape[0], h.shape[-1]).index_add_(0, graph_index, h)  # on h's device
         pred = self.readout(pooled).squeeze(-1)
         return {"loss": (pred.float() - target.float()).pow(2).mean(), "prediction": pred, "positions": x}
 

@@ -268,8 +268,10 @@ def _lfm2_layers(d: dict, plan: Plan, **_: Any) -> None:
 
 @_for(DICT, "dory")
 def _dory_loops(d: dict, plan: Plan, *, orig: dict, **_: Any) -> None:
-    d.update(num_hidden_layers=3, layer_types=orig["layer_types"][:3], n_input_layers=1, n_recurrent_layers=1,
-             n_output_layers=1)  # input, recurrent and output stacks must add up to the layer count
+    # input, recurrent and output stacks must add up to the layer count; to_dict() stores every count doubled,
+    # with each layer as an (attention, "mlp") pair, and from_dict halves them again
+    d.update(num_hidden_layers=6, layer_types=["sliding_attention", "mlp", "full_attention", "mlp", "sliding_attention", "mlp"],
+             n_input_layers=2, n_recurrent_layers=2, n_output_layers=2)
 
 
 @_for(DICT, "dots1")
@@ -280,8 +282,17 @@ def _dots1_experts(d: dict, plan: Plan, **_: Any) -> None:
 @_for(DICT, "dots3_note")
 def _dots3_swa(d: dict, plan: Plan, **_: Any) -> None:
     text = d.get("text_config", d)
-    if "swa_head_dim" in text and "qk_nope_head_dim" in text:
-        text["swa_head_dim"] = text["qk_nope_head_dim"] + text["qk_rope_head_dim"]
+    for tower in ("vision_config", "audio_config"):  # the adapters map the tower width to the text width
+        for key in ("adapter_in_dim", "adapter_input_size", "adapter_out_dim"):
+            if key in (d.get(tower) or {}):
+                d[tower][key] = plan.hidden
+    audio = d["audio_config"]  # derived in __post_init__, but the stored full-size value wins
+    audio["conv_output_size"] = audio["downsample_hidden_size"] * ((audio["feature_size"] + 7) // 8)
+    nope, rope = text["qk_nope_head_dim"], text["qk_rope_head_dim"]
+    for layer in (text.get("per_layer_config") or {}).values():  # the sliding layers' MLA overrides, left full-size
+        layer.update(num_attention_heads=plan.heads, num_key_value_heads=plan.heads, kv_lora_rank=text["kv_lora_rank"],
+                     q_lora_rank=text["q_lora_rank"], qk_nope_head_dim=nope, qk_rope_head_dim=rope, head_dim=nope + rope,
+                     v_head_dim=text["v_head_dim"])
 
 
 @_for(DICT, "gemma4_assistant", "gemma4_unified_assistant")
@@ -472,3 +483,88 @@ def _dia_channels(ctx: InputContext, generic: Callable) -> dict:
     key = "labels" if "labels" in out else "decoder_input_ids"
     out[key] = ctx.tokens(ctx.batch, 8, channels)  # one audio codebook per channel
     return out
+
+
+@_for(INPUTS, "dots3_note")
+def _dots3_audio(ctx: InputContext, generic: Callable) -> dict:
+    audio = ctx.config.audio_config
+    frames = 64
+    ctx.cache.setdefault("audio_tokens", frames // 8)  # the conv stem downsamples time 8x: one token per 8 frames
+    out = generic(ctx)
+    out["input_features"] = ctx.randn(ctx.batch, audio.feature_size, frames)  # (chunks, mel, time), one chunk a sample
+    out["chunk_sample_lengths"] = torch.full((ctx.batch,), frames * audio.hop_length, dtype=torch.long)
+    return out
+
+
+def _shrink_blocks(d: dict, keep: int = 2, detect: bool = False) -> None:
+    """PP-LCNet v4 style ``block_configs`` ([kernel, in, out, stride, se] per block, per stage): the stem shrinks,
+    so the blocks must too; keep ``keep`` blocks a stage (the config derives depths and stage widths from them).
+    The default is the text-recognition layout (height-only [2, 1] strides); ``detect`` makes it the detection one,
+    halving both sides from the second stage on and returning all four stages to the FPN neck."""
+    from .shrink import list_width
+
+    for value in d.values():
+        if isinstance(value, dict):
+            _shrink_blocks(value, keep, detect)
+    blocks = d.get("block_configs")
+    if isinstance(blocks, list) and blocks and isinstance(blocks[0], list):
+        d["block_configs"] = [[[b[0], list_width(b[1]), list_width(b[2]),
+                                (2 if i > 0 and j == 0 else 1) if detect else b[3], *b[4:]]
+                               for j, b in enumerate(stage[:keep])] for i, stage in enumerate(blocks)]
+        for key in ("depths", "stage_out_channels"):
+            d.pop(key, None)
+        if detect:
+            d.update(out_features=[f"stage{i}" for i in range(1, len(blocks) + 1)], out_indices=list(range(1, len(blocks) + 1)))
+
+
+@_for(DICT, "pp_lcnet_v4", "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")
+def _lcnet_v4_blocks(d: dict, plan: Plan, **_: Any) -> None:
+    _shrink_blocks(d)
+
+
+@_for(DICT, "pp_ocrv6_small_det")
+def _ocr_small_det(d: dict, plan: Plan, **_: Any) -> None:
+    _shrink_blocks(d, detect=True)
+    # the neck's inputs are the backbone's four stage widths
+    d["layer_list_out_channels"] = [stage[-1][2] for stage in d["backbone_config"]["block_configs"]]
+
+
+@_for(INPUTS, "pp_ocrv5_mobile_rec", "pp_ocrv5_server_rec", "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")
+def _ocr_rec_lines(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    # text-line crops are 48 px high; the neck pools 3 rows (the mobile default config downsamples height 32x, not 16x)
+    height = 96 if ctx.model_type == "pp_ocrv5_mobile_rec" else 48
+    out["pixel_values"] = ctx.randn(ctx.batch, 3, height, 64)
+    return out
+
+
+@_for(DICT, "pp_ocrv5_server_det", "pp_ocrv6_medium_det")
+def _ocr_det_neck(d: dict, plan: Plan, **_: Any) -> None:
+    """The LK-PAN neck's settings are left to the checkpoint: PaddleOCR's IntraCL block convs (kernel, stride, padding),
+    the per-level upsampling back to the finest map, and the DB head kernels."""
+    def conv(kh: int, kw: int) -> list:
+        return [[kh, kw], 1, [kh // 2, kw // 2]]
+
+    if d.get("intraclass_block_config") is None:
+        d["intraclass_block_config"] = {
+            "reduce_channel": [1, 1, 0], "return_channel": [1, 1, 0],
+            **{f"vertical_long_to_small_conv_{r}": conv(k, 1) for r, k in (("longratio", 7), ("midratio", 5), ("shortratio", 3))},
+            **{f"horizontal_small_to_long_conv_{r}": conv(1, k) for r, k in (("longratio", 7), ("midratio", 5), ("shortratio", 3))},
+            **{f"symmetric_conv_long_{r}": conv(k, k) for r, k in (("longratio", 7), ("midratio", 5), ("shortratio", 3))},
+        }
+    d["scale_factor_list"] = d.get("scale_factor_list") or [1, 2, 4, 8]
+    d["kernel_list"] = d.get("kernel_list") or [3, 2, 2]
+    if d["backbone_config"].get("model_type") == "pp_lcnet_v4":  # PP-OCRv6 medium: the neck fuses all four stages
+        _shrink_blocks(d, detect=True)
+
+
+@_for(CONFIG, "pp_doclayout_v2")
+def _doclayout_classes(cfg: Any, plan: Plan, **_: Any) -> None:
+    # per-label score thresholds and reading-order priorities, left to the checkpoint
+    cfg.class_thresholds = cfg.class_thresholds or [0.5] * cfg.num_labels
+    cfg.class_order = cfg.class_order or list(range(cfg.num_labels))
+
+
+@_for(DICT, "pp_doclayout_v3")
+def _doclayout_x4(d: dict, plan: Plan, **_: Any) -> None:
+    d["x4_feat_dim"] = d["backbone_config"]["stage_out_channels"][0]  # the mask branch reads the first stage's map
