@@ -48,6 +48,21 @@ def sweep(cases, results, build, jobs, timeout):
     return time.perf_counter() - start, summary, totals, cached
 
 
+def report_verdicts(results: str) -> None:
+    """Lists the cases that are neither pass nor skip, and whether the two sweeps agree case by case."""
+    from results.store import ResultStore
+
+    with ResultStore.open(results) as store:
+        cold = {r.case_id: r for r in store.statuses("cold")}
+        warm = {r.case_id: r.status for r in store.statuses("warm")}
+    differ = [cold[c].title for c in cold if warm.get(c) != cold[c].status]
+    print(f"verdicts of the two sweeps: {len(cold) - len(differ)} of {len(cold)} identical"
+          + (f"; differ: {', '.join(differ[:10])}" if differ else ""))
+    for r in cold.values():
+        if r.status.value not in ("pass", "skip"):
+            print(f"  {r.status.value:<12} {r.title}: {r.message[:160]}")
+
+
 def plain_loops(cases, limit: int):
     """Raw work and the test_compare_cpu-style check, for the first ``limit`` cases, in this process."""
     import torch
@@ -104,6 +119,8 @@ def main() -> None:
     parser.add_argument("--profile", default="exact")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--loop-cases", type=int, default=300, help="cases measured by the in-process loops")
+    parser.add_argument("--keep", default=None, metavar="DIR",
+                        help="keep the results store here (builds 'cold' and 'warm') instead of a temporary folder")
     args = parser.parse_args()
     os.environ["NEURON_VALIDATE_EMULATOR_PROFILE"] = args.profile
 
@@ -112,7 +129,7 @@ def main() -> None:
     split = lambda s: tuple(x for x in s.split(",") if x)  # noqa: E731
     cases = all_cases(OpSelection(patterns=split(args.ops) or ("*",), dtypes=split(args.dtypes),
                                   directions=split(args.directions)))
-    results = tempfile.mkdtemp(prefix="op_sweep_")
+    results = args.keep or tempfile.mkdtemp(prefix="op_sweep_")
     try:
         cold, summary, totals, _ = sweep(cases, results, "cold", args.jobs, args.timeout)
         print(f"sweep: {summary.total} cases (profile {args.profile}, -j {args.jobs}) in {cold:.1f} s "
@@ -125,6 +142,7 @@ def main() -> None:
         warm, warm_summary, _, cached = sweep(cases, results, "warm", args.jobs, args.timeout)
         print(f"rerun with a warm reference cache: {warm:.1f} s ({cached} of {warm_summary.total} cases from cache); "
               f"speedup {cold / warm:.2f}x (goal >= 1.8x)")
+        report_verdicts(results)
         n = min(args.loop_cases, len(cases))
         step = max(1, len(cases) // n)
         sample_cases = cases[::step][:n]
@@ -136,7 +154,8 @@ def main() -> None:
         print(f"test_compare_cpu-style assert_close loop per case: {check_per_case * 1e3:.1f} ms "
               f"(no golden, no isolation, no store, one verdict rule)")
     finally:
-        shutil.rmtree(results, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(results, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -137,6 +137,8 @@ class Page:
     failures: list[Failure]
     failures_total: int
     images: list[Image]
+    survey: list = field(default_factory=list)  # zoo architectures that do not build or train on the CPU
+    survey_counts: dict = field(default_factory=dict)  # family -> {status: count}
     columns: tuple[str, ...] = COLUMNS
     repro_links: dict[str, str] = field(default_factory=dict)  # case id -> reproducer inside the site
 
@@ -250,7 +252,24 @@ def collect(store, *, build: str, baseline: str | None, out: Path) -> Page:
         images=_images(store, build, copier),
     )
     page.repro_links = {f.case_id: f.repro for f in failures if f.repro}
+    if page.families:
+        page.survey_counts, page.survey = _survey()
     return page
+
+
+def _survey() -> tuple[dict, list]:
+    """The shipped zoo survey (model_zoo/data/arch_status.json): per family, what builds; each failure's reason."""
+    from model_zoo.status import load_status
+
+    counts: dict[str, dict[str, int]] = {}
+    failing = []
+    for name, record in sorted(load_status().items()):
+        family, status = name.split("/", 1)[0], record.get("status", "?")
+        counts.setdefault(family, {})
+        counts[family][status] = counts[family].get(status, 0) + 1
+        if status != "ok":
+            failing.append((name, status, record.get("reason", "")))
+    return counts, failing
 
 
 def _environment():

@@ -322,7 +322,7 @@ def _seggpt_canvas(d: dict, plan: Plan, **_: Any) -> None:
     d["image_size"] = [2 * plan.image, plan.image]  # the prompt and the input are stacked into one tall canvas
 
 
-@_for(DICT, "sam2", "sam2_video", "sam2_hiera_det_model", "sam2_vision_model")
+@_for(DICT, "sam2", "sam2_video", "sam2_hiera_det_model", "sam2_vision_model", "sam3_tracker", "edgetam", "edgetam_vision_model")
 def _sam2_channels(d: dict, plan: Plan, **_: Any) -> None:
     """Hiera doubles its width per stage; the FPN neck lists those widths, deepest first."""
     vision = d.get("vision_config", d)
@@ -336,6 +336,10 @@ def _sam2_channels(d: dict, plan: Plan, **_: Any) -> None:
         backbone["window_positional_embedding_background_size"] = [2, 2]
     if "global_attention_blocks" in backbone:
         backbone["global_attention_blocks"] = [sum(backbone["blocks_per_stage"]) - 1]
+    if "backbone_feature_sizes" in vision:  # the FPN maps at strides 4, 8, 16 of the tiny image
+        vision["backbone_feature_sizes"] = [[plan.image // s] * 2 for s in (4, 8, 16)]
+    if "prompt_encoder_config" in d:  # the prompt grid is the image embedding's: 16x down, not the shrunk patch size
+        d["prompt_encoder_config"]["patch_size"] = 16
 
 
 @_for(DICT, "xmod")
@@ -568,3 +572,74 @@ def _doclayout_classes(cfg: Any, plan: Plan, **_: Any) -> None:
 @_for(DICT, "pp_doclayout_v3")
 def _doclayout_x4(d: dict, plan: Plan, **_: Any) -> None:
     d["x4_feat_dim"] = d["backbone_config"]["stage_out_channels"][0]  # the mask branch reads the first stage's map
+
+
+@_for(INPUTS, "pp_formulanet")
+def _formulanet_labels(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    if "labels" in out:  # input_ids are the target formula, shifted right into the decoder; labels align with them
+        out["labels"] = out["input_ids"].clone()
+    return out
+
+
+@_for(DICT, "uvdoc")
+def _uvdoc_bridges(d: dict, plan: Plan, **_: Any) -> None:
+    n = len(d["backbone_config"]["stage_configs"])  # the head concatenates every bridge's output
+    d["backbone_config"].update(out_features=[f"stage{i}" for i in range(1, n + 1)], out_indices=list(range(1, n + 1)))
+
+
+@_for(INPUTS, "uvdoc")
+def _uvdoc_pixels(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    out["pixel_values"] = ctx.randn(ctx.batch, 3, 64, 64)  # 16x downsampled, the 5x5 reflect-padded head needs 4x4
+    return out
+
+
+@_for(DICT, "qwen3_asr", "qwen3_asr_encoder")
+def _qwen3_asr_windows(d: dict, plan: Plan, **_: Any) -> None:
+    audio = d.get("audio_config", d)
+    audio.update(n_window=50, n_window_infer=100)  # its output-length formula hard-codes 100-frame chunks (13 tokens)
+
+
+@_for(INPUTS, "qwen3_asr", "qwen3_asr_encoder")
+def _qwen3_asr_inputs(ctx: InputContext, generic: Callable) -> dict:
+    frames = 100  # one 100-frame chunk, which the three stride-2 convs turn into 13 audio tokens
+    ctx.cache.setdefault("audio_tokens", 13)
+    out = generic(ctx)
+    bins = out["input_features"].shape[1]
+    out["input_features"] = ctx.randn(ctx.batch, bins, frames)
+    out["input_features_mask"] = torch.ones(ctx.batch, frames, dtype=torch.long)
+    return out
+
+
+@_for(INPUTS, "fun_asr_nano", "fun_asr_nano_encoder")
+def _fun_asr_lfr(ctx: InputContext, generic: Callable) -> dict:
+    """Low-frame-rate features: each row stacks ``num_stacked_frames`` mel frames, (batch, time, mel x stack)."""
+    from .inputs import count_features
+
+    enc = ctx.sub("audio_config")
+    frames = 64
+    feats = ctx.randn(ctx.batch, frames, enc.input_size)
+    mask = torch.ones(ctx.batch, frames, dtype=torch.long)
+    if "audio_tokens" not in ctx.cache and ctx.model_type == "fun_asr_nano":
+        ctx.cache["audio_tokens"] = count_features(ctx, "get_audio_features", {"input_features": feats, "input_features_mask": mask})
+    out = generic(ctx)
+    out.update(input_features=feats, input_features_mask=mask)
+    return out
+
+
+@_for(INPUTS, "granite_speech", "granite_speech_plus")
+def _granite_speech_mask(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    if "input_features_mask" in out and ctx.cache.get("audio_tokens"):  # masks the projected audio rows, not mel frames
+        out["input_features_mask"] = torch.ones(ctx.batch, ctx.cache["audio_tokens"], dtype=torch.bool)
+    return out
+
+
+@_for(INPUTS, "granite_speech5_ctc")
+def _granite_speech5_stacked(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    audio = ctx.sub("encoder_config", "audio_config")
+    frames = out["input_features"].shape[1]  # delta-expanded (x2) mel frames stacked in pairs (x2): (batch, time, 4 x mel)
+    out["input_features"] = ctx.randn(ctx.batch, frames, 4 * audio.num_mel_bins)
+    return out

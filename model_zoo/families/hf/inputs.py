@@ -290,6 +290,8 @@ AUDIO_MASKS = ("feature_attention_mask", "input_features_mask", "audio_attention
                "audio_feature_mask", "input_features_lengths_mask")
 # Families whose feature encoder starts with a Conv1d over mel bins but reads (batch, time, mel) and transposes.
 TIME_FIRST = {"speech_to_text", "speech_to_text_2", "univnet"}
+# Families that read (batch, mel, time) into a Conv2d stem (Qwen3-ASR chunks the time axis), not found by the Conv1d test.
+MEL_FIRST = {"qwen3_asr", "qwen3_asr_encoder"}
 # Multimodal models run on text alone: Gemma 3n's audio tokens index an embedder past the text vocabulary
 # and its vision tower is a full-size timm MobileNetV5 with a fixed token grid, neither of which shrinks.
 TEXT_ONLY = {"gemma3n"}
@@ -315,6 +317,8 @@ def mel_channels_first(ctx: InputContext, bins: int) -> bool:
     """Whether features are (batch, mel, time): the encoder opens with a Conv1d over the mel bins (Whisper-style)."""
     if ctx.model_type in TIME_FIRST:
         return False
+    if ctx.model_type in MEL_FIRST:
+        return True
     return any(isinstance(m, torch.nn.Conv1d) and m.in_channels == bins for m in ctx.model.modules())
 
 

@@ -1,0 +1,158 @@
+"""Figures of the model-zoo suite on the emulated device.
+
+Prints, for a stratified CI subset (``sample_configs``, every buildable
+architecture at least once):
+  1. the run with -j N through the harness (worker pool, comparison, results
+     store): configurations, wall time, configurations per minute, the time
+     split by build, reference, target and comparison, outcomes, and the peak
+     resident memory of any worker (sampled every 0.2 s);
+  2. the projected wall time of the whole subset (``--sample``, default
+     2,000) from the measured rate, when ``--limit`` ran only part of it;
+  3. harness overhead: the harness's time per configuration, with one
+     worker, against the raw work of the same configurations done in a plain
+     loop in one process (build, train on the reference, train on the
+     target; no comparison, no subprocess, no store).
+
+Goal: a CI subset of at least 2,000 configurations within 15 minutes with
+-j 2, peak RSS under 4 GiB per worker.
+
+    python bench/model_zoo.py [--sample 2000] [--limit 200] [-j 2] [--overhead-configs 20] [--profile exact]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+class PeakRSS:
+    """Samples the resident memory of this process's children (the workers) in a thread."""
+
+    def __init__(self, interval: float = 0.2):
+        self.interval, self.peak_mb, self._stop = interval, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.is_set():
+            for child in me.children(recursive=True):
+                try:
+                    self.peak_mb = max(self.peak_mb, child.memory_info().rss / 2**20)
+                except psutil.Error:
+                    pass
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "PeakRSS":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def stratified_part(configs: list, limit: int) -> list:
+    """Every k-th configuration, so a partial run keeps the families' mix."""
+    if limit <= 0 or limit >= len(configs):
+        return configs
+    step = len(configs) / limit
+    return [configs[int(i * step)] for i in range(limit)]
+
+
+def harness_run(configs: list, jobs: int, results: str, rss_limit_mb: int):
+    from conformance.model_case import model_case
+    from conformance.settings import RunSettings
+    from conformance.suite import run_suite
+    from results.store import ResultStore
+
+    settings = RunSettings(target="neuron", timeout_s=600.0, rss_limit_mb=rss_limit_mb,
+                           artifacts_dir=os.path.join(results, "artifacts"))
+    cases = [model_case(c) for c in configs]
+    totals: dict[str, float] = {}
+
+    def collect(case, outcome):
+        for k, v in outcome.timings.items():
+            totals[k] = totals.get(k, 0.0) + v
+
+    start = time.perf_counter()
+    with PeakRSS() as rss, ResultStore.open(results) as store:
+        summary = run_suite(cases, settings=settings, store=store, build_id=f"bench-j{jobs}", manifest={},
+                            target_label="neuron", jobs=jobs, on_outcome=collect)
+    return time.perf_counter() - start, summary, totals, rss.peak_mb
+
+
+def raw_loop(configs: list) -> tuple[float, int]:
+    """Build, reference and target of each configuration in this process, with nothing around them."""
+    import torch
+
+    from conformance import emulator
+    from conformance.model_case import run_side
+    from model_zoo import build
+
+    emulator.register()
+    done, start = 0, time.perf_counter()
+    for cfg in configs:
+        try:
+            built = build(cfg)
+            run_side(built, cfg, torch.device("neuron"))
+            run_side(built, cfg, torch.device("cpu"), in_place=True)
+            done += 1
+        except Exception:  # noqa: BLE001 - the harness records these as skips/errors; time them all the same
+            pass
+    return time.perf_counter() - start, done
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sample", type=int, default=2000, help="size of the stratified CI subset")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--limit", type=int, default=0, help="run only this many of the subset (0: all)")
+    parser.add_argument("--family", default="", help="comma-separated families (default: all)")
+    parser.add_argument("-j", "--jobs", type=int, default=2)
+    parser.add_argument("--overhead-configs", type=int, default=20, help="configs timed raw vs harness (0: skip)")
+    parser.add_argument("--profile", default="exact")
+    parser.add_argument("--rss-limit-mb", type=int, default=4096)
+    args = parser.parse_args()
+
+    os.environ["NEURON_VALIDATE_EMULATOR_PROFILE"] = args.profile
+    import model_zoo
+
+    families = [f for f in args.family.split(",") if f] or None
+    subset = model_zoo.sample_configs(args.sample, args.seed, families)
+    archs = {model_zoo.get_entry(c.arch).architecture for c in subset}
+    part = stratified_part(subset, args.limit)
+    print(f"CI subset: {len(subset)} configurations over {len(archs)} architectures "
+          f"(--sample {args.sample} --seed {args.seed}); running {len(part)} with -j {args.jobs}, "
+          f"profile {args.profile}, {os.cpu_count()} CPUs", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="bench_zoo_") as tmp:
+        wall, summary, totals, peak = harness_run(part, args.jobs, os.path.join(tmp, "run"), args.rss_limit_mb)
+        rate = len(part) / wall * 60
+        print(f"\n1. harness, -j {args.jobs}: {len(part)} configurations in {wall:.1f} s = {rate:.1f} configurations/min")
+        print("   time per configuration (summed over workers): "
+              + ", ".join(f"{k} {v / max(1, len(part)):.2f} s" for k, v in sorted(totals.items())))
+        print("   outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
+        print(f"   peak worker RSS: {peak:.0f} MiB (cap {args.rss_limit_mb} MiB)")
+        projected = len(subset) / rate
+        print(f"\n2. whole subset ({len(subset)} configurations) at that rate: {projected:.1f} min "
+              f"(goal: 15 min with -j 2)")
+
+        if args.overhead_configs:
+            few = stratified_part(part, args.overhead_configs)
+            raw, ran = raw_loop(few)
+            harness, _, _, _ = harness_run(few, 1, os.path.join(tmp, "overhead"), args.rss_limit_mb)
+            print(f"\n3. overhead on {len(few)} configurations ({ran} ran raw): raw loop {raw:.1f} s, "
+                  f"harness -j 1 {harness:.1f} s: {harness / raw:.2f}x (includes worker start-up)")
+
+
+if __name__ == "__main__":
+    main()
