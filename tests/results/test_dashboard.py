@@ -173,6 +173,11 @@ def test_dashboard_renders_in_headless_chromium(site):
     assert cells["add float32: backward: pass, forward: pass"] == "cell pass"
     assert "vit_tiny" in dom.section("models") and "resnet18" in dom.section("models")
     assert "Mismatched elements: N / N (N%) in tanh" in dom.section("errors")
+    # The zoo survey's architectures that cannot be built, each with its reason, from the shipped status file.
+    from model_zoo.status import load_status
+
+    unbuilt = next((n, r) for n, r in sorted(load_status().items()) if r["status"] != "ok")
+    assert "Zoo survey" in dom.section("models") and unbuilt[0] in dom.section("models")
 
     # Loss curves: every image the site shows is a file inside the site.
     images = [a["src"] for t, a in dom.elements if t == "img"]

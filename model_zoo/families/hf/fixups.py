@@ -322,7 +322,7 @@ def _seggpt_canvas(d: dict, plan: Plan, **_: Any) -> None:
     d["image_size"] = [2 * plan.image, plan.image]  # the prompt and the input are stacked into one tall canvas
 
 
-@_for(DICT, "sam2", "sam2_video", "sam2_hiera_det_model", "sam2_vision_model", "sam3_tracker", "edgetam", "edgetam_vision_model")
+@_for(DICT, "sam2", "sam2_video", "sam2_hiera_det_model", "sam2_vision_model")
 def _sam2_channels(d: dict, plan: Plan, **_: Any) -> None:
     """Hiera doubles its width per stage; the FPN neck lists those widths, deepest first."""
     vision = d.get("vision_config", d)
@@ -643,3 +643,22 @@ def _granite_speech5_stacked(ctx: InputContext, generic: Callable) -> dict:
     frames = out["input_features"].shape[1]  # delta-expanded (x2) mel frames stacked in pairs (x2): (batch, time, 4 x mel)
     out["input_features"] = ctx.randn(ctx.batch, frames, 4 * audio.num_mel_bins)
     return out
+
+
+@_for(DICT, "edgetam", "edgetam_vision_model")
+def _edgetam_backbone(d: dict, plan: Plan, *, orig: dict, **_: Any) -> None:
+    """EdgeTAM's image encoder is timm's RepViT-M1 (the default config misspells ``architecture``, leaving ResNet-50);
+    the FPN neck lists its stage widths, deepest first."""
+    _sam2_channels(d, plan)
+    vision, orig_vision = d.get("vision_config", d), orig.get("vision_config", orig)
+    vision["backbone_config"]["architecture"] = "repvit_m1"
+    vision["backbone_channel_list"] = orig_vision["backbone_channel_list"]
+
+
+@_for(DICT, "sam3_tracker")
+def _sam3_tracker_sizes(d: dict, plan: Plan, **_: Any) -> None:
+    vision = d["vision_config"]
+    vit = vision["backbone_config"]
+    grid = plan.image // vit["patch_size"]  # the ViT grid, rescaled by the FPN's scale factors 4, 2, 1
+    vision["backbone_feature_sizes"] = [[int(grid * s)] * 2 for s in vision["scale_factors"][:3]]
+    vit["window_size"] = grid // 2
