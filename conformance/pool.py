@@ -207,6 +207,18 @@ class LocalPool:
                     self._replace(w)
                     yield outcome
                     continue
+                if id(w) in waiting_repro:
+                    rss = self._rss_mb(w)
+                    if rss > self.settings.rss_limit_mb:  # probes and reproducers obey the cap too
+                        case, outcome = waiting_repro.pop(id(w))
+                        if id(w) in probed:
+                            outcome.evidence["repro_error"] = f"writing the reproducer exceeded the RSS cap ({rss:.0f} MiB)"
+                        else:
+                            outcome = _reference_at_fault(outcome, f"exceeds the RSS cap ({rss:.0f} MiB)")
+                        probed.discard(id(w))
+                        self._replace(w)
+                        yield outcome
+                        continue
                 if not w.ready and now - w.spawned > WORKER_START_TIMEOUT_S:
                     raise ExecutorError(f"worker did not start within {WORKER_START_TIMEOUT_S:.0f} s")
                 if w.case is not None:

@@ -662,3 +662,21 @@ def _sam3_tracker_sizes(d: dict, plan: Plan, **_: Any) -> None:
     grid = plan.image // vit["patch_size"]  # the ViT grid, rescaled by the FPN's scale factors 4, 2, 1
     vision["backbone_feature_sizes"] = [[int(grid * s)] * 2 for s in vision["scale_factors"][:3]]
     vit["window_size"] = grid // 2
+
+
+@_for(INPUTS, "seamless_m4t", "seamless_m4t_v2")
+def _seamless_speech(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    if "input_features" in out:  # speech-to-text: the speech encoder reads input_features, masked per frame
+        out.pop("input_ids", None)
+        out["attention_mask"] = torch.ones(out["input_features"].shape[:2], dtype=torch.long)
+    return out
+
+
+@_for(INPUTS, "neucodec", "xcodec2")
+def _codec_semantic_features(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    semantic = ctx.config.semantic_model_config  # a Wav2Vec2-BERT encoder: (batch, time, stacked mel features)
+    frames = out["input_features"].shape[1]
+    out["input_features"] = ctx.randn(ctx.batch, frames, semantic.feature_projection_input_dim)
+    return out
