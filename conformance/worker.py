@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -97,8 +98,29 @@ def write_repro(case: Case, outcome: Outcome, ctx: WorkerContext) -> str | None:
     return _load(writer_path)(case, outcome, ctx)
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the run that spawned it dies (even by SIGKILL).
+
+    A worker is busy inside a case and would not notice its pipe closing, so
+    without this a killed run leaves its workers computing, and holding memory,
+    until their case ends.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    if os.getppid() == 1:  # the parent died before the request took effect
+        os._exit(1)
+
+
 def worker_main(conn, settings: RunSettings) -> None:
     """Entry point of a worker process (spawned with a clean interpreter)."""
+    _die_with_parent()
     os.environ.update(settings.worker_env())
     try:
         ctx = make_context(settings)

@@ -6,6 +6,9 @@ tests/conformance/test_ray_executor.py.)
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,8 @@ from conformance.outcome import Status
 from conformance.pool import LocalPool
 from conformance.settings import RunSettings
 from op_tests.sources import OpSelection, op_cases
+
+REPO = Path(__file__).resolve().parents[2]
 
 FAULTS = "crash@aten::sort"
 
@@ -52,3 +57,30 @@ def test_rss_cap_stops_the_worker(tmp_path):
 def test_jobs_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match=r"jobs=0 \(type=int\): must be >= 1"):
         LocalPool(settings(tmp_path), jobs=0)
+
+
+def test_workers_die_with_a_killed_run(tmp_path):
+    """SIGKILL of the run alone (not its process group) must not leave workers computing."""
+    import psutil
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import time\n"
+        "from conformance.pool import LocalPool\n"
+        "from conformance.settings import RunSettings\n"
+        "if __name__ == '__main__':\n"
+        "    pool = LocalPool(RunSettings(target='cpu'), jobs=2, persistent=True)\n"
+        "    workers = [pool._spawn() for _ in range(2)]\n"
+        "    assert [w.conn.recv()[0] for w in workers] == ['ready', 'ready']\n"
+        "    print(' '.join(str(w.process.pid) for w in workers), flush=True)\n"
+        "    time.sleep(600)\n")
+    run = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    pids = [int(p) for p in run.stdout.readline().split()]
+    assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
+    run.kill()
+    run.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                                              for p in pids):
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
