@@ -5,6 +5,12 @@ builds, so a second build's run executes only the target side. Entries are
 nested Python values of tensors, numbers, strings, lists, tuples and dicts,
 stored with ``torch.save`` and read back with ``weights_only=True`` (never
 unpickling arbitrary objects). Worker processes share one SQLite file.
+
+Size is bounded: an entry over ``MAX_ENTRY_BYTES`` is not cached (the ops
+whose samples are that large are a few; recomputing them is cheaper than
+storing them), and nothing is added once the file exceeds ``max_bytes``
+(default ``MAX_CACHE_BYTES``). Without the bounds a full sweep's cache
+grew past 30 GB.
 """
 
 from __future__ import annotations
@@ -29,9 +35,14 @@ CREATE TABLE IF NOT EXISTS reference_cache (
 """
 
 
+MAX_ENTRY_BYTES = 1 << 20
+MAX_CACHE_BYTES = 2 << 30
+
+
 class ReferenceCache:
-    def __init__(self, path: str, *, reference: str) -> None:
+    def __init__(self, path: str, *, reference: str, max_bytes: int = MAX_CACHE_BYTES) -> None:
         self.path = path
+        self.max_bytes = max_bytes
         self.reference = reference
         self.torch_version = torch.__version__
         self._conn = sqlite3.connect(path, timeout=60)
@@ -49,6 +60,15 @@ class ReferenceCache:
                     raise
                 time.sleep(0.1 + 0.05 * attempt)
 
+    def _size(self) -> int:
+        import os
+
+        try:
+            return os.path.getsize(self.path) + os.path.getsize(self.path + "-wal") \
+                if os.path.exists(self.path + "-wal") else os.path.getsize(self.path)
+        except OSError:
+            return 0
+
     def get(self, case_id: str) -> Any | None:
         row = self._conn.execute(
             "SELECT payload FROM reference_cache WHERE case_id=? AND torch_version=? AND reference=?",
@@ -65,6 +85,8 @@ class ReferenceCache:
         try:
             payload = pack(value)
         except Unserializable:
+            return False
+        if len(payload) > MAX_ENTRY_BYTES or self._size() > self.max_bytes:
             return False
         for attempt in range(5):
             try:

@@ -65,6 +65,9 @@ def _train_once(built: Any) -> tuple[float, str, int, int]:
     params = [p for p in model.parameters() if p.requires_grad]
     grads = [p.grad for p in params]
     with_grad = sum(g is not None for g in grads)
+    if train and with_grad and not any(bool(g.abs().sum() > 0) for g in grads if g is not None):
+        # e.g. a codec whose quantizer rounds random-weight activations to one code: nothing to compare
+        raise ArithmeticError("degenerate: every parameter gradient is zero")
     return float(loss.item()), _digest([loss] + grads), with_grad, len(params)
 
 

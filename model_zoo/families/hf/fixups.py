@@ -13,6 +13,7 @@ Keep each fix small and say why it is needed.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -165,6 +166,8 @@ def _deepseek_hybrid_sizes(d: dict, plan: Plan, **_: Any) -> None:
 @_for(DICT, "efficientloftr")
 def _loftr_width(d: dict, plan: Plan, **_: Any) -> None:
     d["hidden_size"] = d["out_features"][-1]  # the coarse transformer runs at the last stage's width
+    # its 2-D rotary spans hidden / 2 dims as head_dim x partial_rotary_factor (4): head_dim must be hidden / 8
+    d["num_attention_heads"] = d["num_key_value_heads"] = 8
 
 
 @_for(DICT, "moonshine", "moonshine_streaming")
@@ -172,6 +175,8 @@ def _moonshine_heads(d: dict, plan: Plan, **_: Any) -> None:
     for key in list(d):
         if key.endswith("num_key_value_heads"):  # its attention views queries with the kv head count
             d[key] = d.get(key.replace("num_key_value_heads", "num_attention_heads"), plan.heads)
+    if d.get("model_type") == "moonshine_streaming":  # its decoder reads a field the config class does not declare
+        d.setdefault("num_key_value_heads", d["num_attention_heads"])
 
 
 @_for(INPUTS, "lxmert")
@@ -240,7 +245,7 @@ def _timesfm_patches(d: dict, plan: Plan, *, size: int, **_: Any) -> None:
 def _timesfm_inputs(ctx: InputContext, generic: Callable) -> dict:
     length = ctx.config.context_length
     return {"past_values": ctx.randn(ctx.batch, length), "past_values_padding": torch.zeros(ctx.batch, length, dtype=torch.long),
-            "freq": torch.zeros(ctx.batch, dtype=torch.long)}
+            "freq": torch.zeros(ctx.batch, 1, dtype=torch.long)}  # one frequency class per series: (batch, 1)
 
 
 @_for(INPUTS, "seggpt")
@@ -480,6 +485,12 @@ def _diffusion_gemma_experts(d: dict, plan: Plan, **_: Any) -> None:
     text.update(num_experts=plan.experts, top_k_experts=2, moe_intermediate_size=plan.intermediate)
 
 
+@_for(DICT, "dia")
+def _dia_cross_heads(d: dict, plan: Plan, **_: Any) -> None:
+    dec = d["decoder_config"]  # the cross-attention's own head fields, which the generic names miss
+    dec.update(cross_head_dim=plan.head_dim, cross_num_key_value_heads=dec["cross_num_attention_heads"])
+
+
 @_for(INPUTS, "dia")
 def _dia_channels(ctx: InputContext, generic: Callable) -> dict:
     out = generic(ctx)
@@ -677,6 +688,83 @@ def _seamless_speech(ctx: InputContext, generic: Callable) -> dict:
 def _codec_semantic_features(ctx: InputContext, generic: Callable) -> dict:
     out = generic(ctx)
     semantic = ctx.config.semantic_model_config  # a Wav2Vec2-BERT encoder: (batch, time, stacked mel features)
-    frames = out["input_features"].shape[1]
+    hop = math.prod(ctx.config.downsampling_ratios)  # one semantic frame per acoustic frame (50 Hz at 16 kHz)
+    frames = out["input_values"].shape[-1] // hop
     out["input_features"] = ctx.randn(ctx.batch, frames, semantic.feature_projection_input_dim)
+    out["input_features_mask"] = torch.ones(ctx.batch, frames, dtype=out["input_features_mask"].dtype)
     return out
+
+
+@_for(DICT, "neucodec", "xcodec2")
+def _codec_quantizer_width(d: dict, plan: Plan, **_: Any) -> None:
+    d["quantization_dim"] = d["hidden_size"] + d["semantic_model_config"]["hidden_size"]  # acoustic + semantic widths
+
+
+@_for(DICT, "xcodec")
+def _xcodec_codebook(d: dict, plan: Plan, **_: Any) -> None:
+    d["codebook_dim"] = None  # derived: the codebooks quantize the concatenated acoustic + semantic features
+
+
+@_for(INPUTS, "inkling2", "inkling2_loop")
+def _inkling2_patches(ctx: InputContext, generic: Callable) -> dict:
+    """One (merge x patch)-square RGB block per image token, channels last; the grid counts image tokens."""
+    vision = ctx.config.vision_config
+    block = vision.patch_size * vision.spatial_merge_size
+    grid = max(1, ctx.size // block)
+    ctx.cache.setdefault("image_tokens", grid * grid)
+    out = generic(ctx)
+    out["pixel_values"] = ctx.randn(ctx.batch * grid * grid, block, block, vision.num_channels).clamp(-1, 1)
+    out["image_grid_thw"] = torch.tensor([[1, grid, grid]] * ctx.batch)
+    return out
+
+
+@_for(INPUTS, "inkling_mm_model")
+def _inkling_patches(ctx: InputContext, generic: Callable) -> dict:
+    """Each image token is one (time, patch, patch, channels) block, folded to depth by the vision encoder."""
+    vision = ctx.config.vision_config
+    per_image = 4
+    ctx.cache.setdefault("image_tokens", per_image)
+    out = generic(ctx)
+    out["pixel_values"] = ctx.randn(ctx.batch * per_image, vision.temporal_patch_size, vision.patch_size,
+                                    vision.patch_size, vision.num_channels)
+    return out
+
+
+@_for(DICT, "informer")
+def _informer_full_attention(d: dict, plan: Plan, **_: Any) -> None:
+    d["attention_type"] = "full"  # ProbSparse attention samples its keys from the global RNG on every call
+
+
+@_for(INPUTS, "diffusion_gemma")
+def _diffusion_canvas(ctx: InputContext, generic: Callable) -> dict:
+    out = generic(ctx)
+    if "decoder_input_ids" not in out:  # else the canvas is drawn from the global RNG
+        out["decoder_input_ids"] = ctx.tokens(ctx.batch, ctx.config.canvas_length)
+    return out
+
+
+@_for(INPUTS, "vibevoice_acoustic_tokenizer_encoder", "vibevoice_acoustic_tokenizer_decoder")
+def _vibevoice_codec_halves(ctx: InputContext, generic: Callable) -> dict:
+    """The encoder reads a waveform (batch, channels, samples); the decoder its latents (batch, hidden, frames)."""
+    c, frames = ctx.config, 4
+    if ctx.model_type.endswith("_encoder"):
+        return {"hidden_states": ctx.randn(ctx.batch, c.channels, frames * math.prod(c.downsampling_ratios))}
+    return {"hidden_states": ctx.randn(ctx.batch, c.hidden_size, frames)}
+
+
+@_for(INPUTS, "mimi_decoder", "pocket_tts_audio_tokenizer_decoder")
+def _codec_decoder_latents(ctx: InputContext, generic: Callable) -> dict:
+    return {"latents": ctx.randn(ctx.batch, ctx.config.hidden_size, 4)}  # the encoder half's (batch, hidden, frames)
+
+
+@_for(DICT, "vits")
+def _vits_pad(d: dict, plan: Plan, **_: Any) -> None:
+    if d.get("pad_token_id") is None or d["pad_token_id"] >= d["vocab_size"]:
+        d["pad_token_id"] = 0  # the character vocabulary (38) is below the tiny one; the MMS tokenizers pad with 0
+    d.update(noise_scale=0.0, noise_scale_duration=0.0)  # synthesis samples the prior and durations at these scales
+
+
+@_for(DICT, "superglue")
+def _superglue_descriptors(d: dict, plan: Plan, **_: Any) -> None:
+    d["keypoint_detector_config"]["descriptor_decoder_dim"] = d["hidden_size"]  # SuperPoint descriptors feed the GNN
+    d["gnn_layers_types"] = ["self", "cross"]  # one self/cross pair instead of nine

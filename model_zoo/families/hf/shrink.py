@@ -12,7 +12,7 @@ vocabulary ``VOCAB`` (256) with every special token id moved to the top of
 it; channel lists map through one fixed function, so two lists that agreed
 before (a backbone's outputs and a neck's inputs) still agree. Dropout,
 layer drop and SpecAugment masking are switched off: a training step must
-be deterministic.
+be deterministic (VAE sampling noise too).
 
 What this gets wrong for a family is fixed in ``fixups.py``, not here.
 """
@@ -85,7 +85,7 @@ TOKEN_SUFFIX = ("_token_id", "_token_index", "token_id", "_token_ids", "_id_toke
 OFF_FLAGS = {"apply_spec_augment": False, "use_cache": False, "output_router_logits": False, "gradient_checkpointing": False}
 ZERO_FLOATS = ("router_jitter_noise", "jitter_noise", "input_jitter_noise", "moe_jitter_eps", "router_jitter",
                "mask_time_prob", "mask_feature_prob", "layerdrop", "random_mask_ratio", "mask_ratio", "noise_std",
-               "drop_rate", "stochastic_depth", "mask_prob", "masking_ratio")
+               "drop_rate", "stochastic_depth", "mask_prob", "masking_ratio", "vae_std")
 
 
 RANDOM_AUGMENTATIONS = {"pos_embed_shift", "pos_embed_jitter", "pos_embed_rescale", "pos_embed_rope_shift_coords",
