@@ -115,7 +115,9 @@ Plan& plan_for(const c10::OperatorHandle& op) {
   plan->unsupported = matches_any(p.unsupported_ops, plan->name, plan->base);
   plan->host_fallback = matches_any(p.fallback_ops, plan->name, plan->base);
   plan->matmul = p.auto_cast != AutoCast::None;
-  plan->integer_fp32 = p.integer_matmul_fp32 && is_integer_fp32_op(plan->base);
+  // histc of integers: accelerators implement it (Hugging Face MoE layers count tokens per expert with
+  // torch.histc on int indices off the CPU), the CPU kernel does not; it runs in float32 and is cast back.
+  plan->integer_fp32 = (p.integer_matmul_fp32 && is_integer_fp32_op(plan->base)) || plan->base == "aten::histc";
   if (p.approximate_activations) {
     for (size_t i = 0; i < p.activations.size(); ++i)
       if (p.activations[i].op == plan->base) plan->activation = static_cast<int>(i);

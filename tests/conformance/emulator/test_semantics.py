@@ -221,3 +221,11 @@ def test_recurrent_layers_train_on_the_device(neuron, cell):
         out.square().sum().backward()
         results.append([out.detach().cpu(), xd.grad.cpu()] + [p.grad.cpu() for p in m.parameters()])
     assert compare(results[1], results[0]), "fused cells on the device agree with the CPU's unfused ones"
+
+
+def test_integer_histc_runs_on_the_device_as_on_accelerators(neuron):
+    # CPU has no integer histc; Hugging Face MoE layers call it on int expert indices off the CPU
+    x = torch.tensor([0, 1, 1, 3, 2, 3, 3], dtype=torch.int32)
+    counts = torch.histc(x.to(neuron), bins=4, min=0, max=3)
+    assert counts.dtype == torch.int32 and counts.device.type == "neuron"
+    assert counts.cpu().tolist() == [1, 2, 1, 3]
