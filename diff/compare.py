@@ -252,7 +252,8 @@ class _Walker:
             self._passed("reference")
             return
         tol = self.tol_fn(dtype)
-        nan_a, nan_e = torch.isnan(a), torch.isnan(e)
+        wa, we = _with_nonfinite_kernels(a), _with_nonfinite_kernels(e)  # for the NaN/inf masks only
+        nan_a, nan_e = torch.isnan(wa), torch.isnan(we)
         if g is not None and not torch.equal(nan_a, nan_e) and self._matches_golden(a, g, tol):
             # The CPU produced NaN or inf where float64 does not (or the reverse) and the target
             # agrees with float64: a target more accurate than the CPU is not failed.
@@ -270,9 +271,9 @@ class _Walker:
                 {"extra_nan": extra, "missing_nan": missing},
             )
             return
-        inf_a, inf_e = torch.isinf(a), torch.isinf(e)
-        if not torch.equal(inf_a, inf_e) or not torch.equal(a[inf_a], e[inf_e]):
-            bad = (inf_a ^ inf_e) | (inf_a & inf_e & (a != e))
+        inf_a, inf_e = torch.isinf(wa), torch.isinf(we)
+        if not torch.equal(inf_a, inf_e) or not torch.equal(wa[inf_a], we[inf_e]):
+            bad = (inf_a ^ inf_e) | (inf_a & inf_e & (wa != we))
             where = bad.nonzero()[0].tolist() if a.dim() and bool(bad.any()) else []
             self.fail(path, "nonfinite", f"inf positions or signs differ at {int(bad.sum())} elements; first at index {tuple(where)}")
             return
@@ -316,10 +317,11 @@ class _Walker:
     def _matches_golden(self, a: torch.Tensor, g: torch.Tensor, tol: Tolerance) -> bool:
         g = g.to(a.dtype) if a.dtype != g.dtype and not a.is_floating_point() else g
         golden_in_dtype = g.to(a.dtype)  # float64 rounded to the target's dtype: its NaN/inf pattern there
-        if not torch.equal(torch.isnan(a), torch.isnan(golden_in_dtype)):
+        wa, wg = _with_nonfinite_kernels(a), _with_nonfinite_kernels(golden_in_dtype)
+        if not torch.equal(torch.isnan(wa), torch.isnan(wg)):
             return False
-        inf_a = torch.isinf(a)
-        if not torch.equal(inf_a, torch.isinf(golden_in_dtype)) or not torch.equal(a[inf_a], golden_in_dtype[inf_a]):
+        inf_a = torch.isinf(wa)
+        if not torch.equal(inf_a, torch.isinf(wg)) or not torch.equal(wa[inf_a], wg[inf_a]):
             return False
         return tensor_metrics(a, g, rtol=tol.rtol, atol=tol.atol).mismatched == 0
 
@@ -357,7 +359,17 @@ class _Walker:
 
 
 _BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
-         torch.bfloat16: torch.int16}
+         torch.bfloat16: torch.int16, **{d: torch.int8 for d in (torch.float8_e4m3fn, torch.float8_e4m3fnuz,
+                                                                torch.float8_e5m2, torch.float8_e5m2fnuz)}}
+
+
+def _with_nonfinite_kernels(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, or as float32 for the float8 dtypes, which have no isnan/isinf kernels.
+
+    float32 holds every float8 value exactly, so the NaN/inf positions found
+    in it are those of the float8 tensor.
+    """
+    return t.float() if t.is_floating_point() and t.element_size() == 1 else t
 
 
 def _bitwise_equal(a: torch.Tensor, e: torch.Tensor) -> bool:

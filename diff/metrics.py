@@ -15,6 +15,7 @@ _INT_VIEW = {
     torch.float32: torch.int32,
     torch.float16: torch.int16,
     torch.bfloat16: torch.int16,
+    **{d: torch.int8 for d in (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)},
 }
 
 

@@ -29,8 +29,12 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "complex128": (1e-7, 1e-7),
     "float8_e4m3fn": (1.25e-1, 1e-3),
     "float8_e5m2": (2.5e-1, 1e-3),
+    # The fnuz variants have the same mantissa widths (no inf, one NaN, no -0), so the same tolerances.
+    "float8_e4m3fnuz": (1.25e-1, 1e-3),
+    "float8_e5m2fnuz": (2.5e-1, 1e-3),
 }
-LOW_PRECISION = frozenset({"float16", "bfloat16", "complex32", "float8_e4m3fn", "float8_e5m2"})
+LOW_PRECISION = frozenset({"float16", "bfloat16", "complex32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                           "float8_e5m2fnuz"})
 SMALL_TENSOR = 10  # elements: the golden rule gets a larger multiplier below this
 
 
