@@ -1,7 +1,8 @@
 """Cache of reference-side results, keyed by (case id, torch version, reference).
 
 The reference (CPU, plus its float64 golden) does not change between backend
-builds, so a second build's run executes only the target side. Entries are
+builds, so a second build's run executes only the target side; an entry may
+also hold the case's inputs, so that run does not generate them again. Entries are
 nested Python values of tensors, numbers, strings, lists, tuples and dicts,
 stored with ``torch.save`` and read back with ``weights_only=True`` (never
 unpickling arbitrary objects). Worker processes share one SQLite file.
@@ -39,6 +40,14 @@ MAX_ENTRY_BYTES = 1 << 20
 MAX_CACHE_BYTES = 2 << 30
 
 
+def _tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in a nested value: a lower bound of its packed size."""
+    from torch.utils._pytree import tree_leaves
+
+    return sum(t.untyped_storage().nbytes() if t.layout == torch.strided else t.numel() * t.element_size()
+               for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+
+
 class ReferenceCache:
     def __init__(self, path: str, *, reference: str, max_bytes: int = MAX_CACHE_BYTES) -> None:
         self.path = path
@@ -70,6 +79,7 @@ class ReferenceCache:
             return 0
 
     def get(self, case_id: str) -> Any | None:
+        """The entry, or None; tensors that required grad when stored (a backward case's inputs) still do."""
         row = self._conn.execute(
             "SELECT payload FROM reference_cache WHERE case_id=? AND torch_version=? AND reference=?",
             (case_id, self.torch_version, self.reference),
@@ -77,11 +87,14 @@ class ReferenceCache:
         if row is None:
             return None
         try:
-            return unpack(row[0])
+            return unpack(row[0], requires_grad=True)
         except Exception:  # noqa: BLE001 - a damaged entry is recomputed, not trusted
             return None
 
     def put(self, case_id: str, value: Any) -> bool:
+        """Stores an entry; False when it is not stored (unserializable, too large, or the cache is full)."""
+        if _tensor_bytes(value) > MAX_ENTRY_BYTES or self._size() > self.max_bytes:
+            return False  # decided before packing: serialising a large entry only to drop it costs as much as a run
         try:
             payload = pack(value)
         except Unserializable:

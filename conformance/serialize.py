@@ -2,8 +2,9 @@
 
 Values are nested tuples, lists and string-keyed dicts of tensors, numbers,
 strings, dtypes, devices, memory formats, slices and Ellipsis. They are
-written with ``torch.save`` as a JSON structure plus a list of tensors, and
-read back with ``torch.load(weights_only=True)``, which never unpickles
+written with ``torch.save`` as a JSON structure plus a list of tensors (a
+view keeps its strides, and its storage and offset unless that storage is
+far larger than the view), and read back with ``torch.load(weights_only=True)``, which never unpickles
 arbitrary objects. Used for the reference cache and for reproducer inputs.
 """
 
@@ -16,15 +17,51 @@ from typing import Any
 import torch
 
 
+MAX_SPAN_PADDING = 1024  # elements a view's saved storage may hold beyond 4x its own
+
+
 class Unserializable(TypeError):
     pass
+
+
+def _storage_elements(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes() // t.element_size()
+
+
+def _saved_elements_limit(t: torch.Tensor) -> int:
+    return max(4 * t.numel(), MAX_SPAN_PADDING)
+
+
+def saves_exactly(t: torch.Tensor) -> bool:
+    """Whether a dense tensor comes back with its storage, offset and strides, not only its values and layout."""
+    return t.layout == torch.strided and _storage_elements(t) <= _saved_elements_limit(t)
 
 
 def _encode(value: Any, tensors: list[torch.Tensor]):
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu()
-        tensors.append(t.clone().contiguous() if t.layout == torch.strided else t)
-        return {"__t": len(tensors) - 1, "rg": bool(value.requires_grad), "dev": "cpu_argument" if getattr(value, "keep_on_cpu", False) else value.device.type}
+        node = {"__t": len(tensors), "rg": bool(value.requires_grad),
+                "dev": "cpu_argument" if getattr(value, "keep_on_cpu", False) else value.device.type}
+        if t.layout != torch.strided:
+            tensors.append(t)
+            return node
+        t = t.resolve_conj().resolve_neg()
+        storage = _storage_elements(t)
+        if t.is_contiguous() and t.storage_offset() == 0 and storage == t.numel():
+            tensors.append(t.clone())
+        elif saves_exactly(t):
+            # A view (transposed, sliced, expanded, channels-last, offset): its whole storage, so the layout
+            # and what lies around the view (which as_strided-style ops read) come back as they were.
+            tensors.append(t.as_strided((storage,), (1,), 0).clone())
+            node.update(shape=list(t.shape), stride=list(t.stride()), offset=t.storage_offset())
+        else:
+            span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
+            if span <= _saved_elements_limit(t):  # the layout without the rest of a large storage
+                tensors.append(t.as_strided((span,), (1,)).clone())
+                node.update(shape=list(t.shape), stride=list(t.stride()), offset=0)
+            else:  # a view far sparser than its storage: its values only
+                tensors.append(t.contiguous().clone())
+        return node
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -58,6 +95,8 @@ def _decode(node: Any, tensors: list, requires_grad: bool = False):
     if isinstance(node, dict):
         if "__t" in node:
             t = tensors[node["__t"]]
+            if "stride" in node:  # a view, saved with the storage it reaches
+                t = t.as_strided(node["shape"], node["stride"], node.get("offset", 0))
             t._saved_on = node.get("dev", "cpu")  # where the tensor lived when it was saved
             return t.requires_grad_(True) if requires_grad and node.get("rg") else t
         if "__f" in node:

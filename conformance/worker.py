@@ -56,8 +56,10 @@ def _load(path: str):
 
 
 def make_context(settings: RunSettings) -> WorkerContext:
+    from .seeding import skip_seeding_unavailable_backends
     from .target import resolve_target
 
+    skip_seeding_unavailable_backends()
     target = resolve_target(settings.target, backend_modules=settings.backend_modules)
     reference = resolve_target(settings.reference)
     cache = None

@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from conformance.case import Case
 from conformance.outcome import Outcome, Status
+from conformance.serialize import saves_exactly
 from diff.compare import Comparison, compare
 from diff.tolerances import TolerancePolicy
 
@@ -107,6 +108,59 @@ def hypothesis_samples(op, case: Case) -> list:
 
 class HypothesisNotApplicable(ValueError):
     """The op needs arguments the hypothesis strategies do not generate."""
+
+
+# ---------------------------------------------------------------- samples from the reference cache
+_DEFAULT_OUTPUT_PROCESS = "SampleInput.__init__.<locals>.<lambda>"  # OpInfo's identity default
+_generator_digest: str | None = None
+
+
+def generator_digest() -> str:
+    """A hash of the code that makes samples: cached inputs are reused only while it is unchanged."""
+    global _generator_digest
+    if _generator_digest is None:
+        import hashlib
+        from pathlib import Path
+
+        h = hashlib.blake2b(digest_size=16)
+        for name in ("execute.py", "sources.py", "strategies.py"):
+            h.update(Path(__file__).with_name(name).read_bytes())
+        _generator_digest = h.hexdigest()
+    return _generator_digest
+
+
+def cacheable_inputs(samples) -> list | None:
+    """The samples as plain values the reference cache can store, or None when they cannot be rebuilt from it.
+
+    A sample whose output needs its own processing function, or whose
+    inputs are not plain dense tensors (each saved with its storage, offset
+    and strides, see ``serialize.saves_exactly``) and simple values, is
+    generated anew on every run instead.
+    """
+    out = []
+    for sample in samples:
+        if getattr(sample.output_process_fn_grad, "__qualname__", "") != _DEFAULT_OUTPUT_PROCESS:
+            return None
+        inp, args, kwargs = sample_parts(sample)
+        for leaf in tree_leaves((inp, args, kwargs)):
+            if isinstance(leaf, torch.Tensor) and (type(leaf) is not torch.Tensor or leaf.is_conj() or leaf.is_neg()
+                                                   or not saves_exactly(leaf)):
+                return None
+        out.append({"input": inp, "args": list(args), "kwargs": kwargs, "name": sample.name})
+    return out
+
+
+def restore_samples(entry) -> list | None:
+    """The samples stored in a reference-cache entry, when it holds them for the current sample code."""
+    if not isinstance(entry, dict) or entry.get("generator") != generator_digest():
+        return None
+    inputs = entry.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != len(entry.get("samples", ())):
+        return None
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    return [SampleInput(s["input"], args=tuple(s["args"]), kwargs=dict(s["kwargs"]), name=s.get("name", ""))
+            for s in inputs]
 
 
 def sample_parts(sample) -> tuple[Any, tuple, dict]:
@@ -312,8 +366,11 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     timer = _Timer()
 
     t0 = time.perf_counter()
+    entry = ctx.cache.get(case.id) if ctx.cache is not None else None
+    samples = restore_samples(entry)
+    cache_ok = samples is not None  # inputs and reference outputs both from the cache: nothing to generate
     try:
-        samples = generate_samples(op, case)
+        samples = samples if cache_ok else generate_samples(op, case)
     except HypothesisNotApplicable as exc:
         return Outcome(case_id=case.id, status=Status.SKIP, message=f"hypothesis examples do not apply: {exc}")
     except Exception as exc:  # noqa: BLE001
@@ -324,10 +381,9 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     if not samples:
         return Outcome(case_id=case.id, status=Status.SKIP, message="the op has no samples for this dtype")
 
-    fingerprint = inputs_fingerprint(samples) if ctx.cache is not None else ""
-    entry = ctx.cache.get(case.id) if ctx.cache is not None else None
-    cache_ok = (isinstance(entry, dict) and entry.get("fingerprint") == fingerprint
-                and len(entry.get("samples", [])) == len(samples))
+    fingerprint = inputs_fingerprint(samples) if ctx.cache is not None and not cache_ok else ""
+    cache_ok = cache_ok or (isinstance(entry, dict) and entry.get("fingerprint") == fingerprint
+                            and len(entry.get("samples", [])) == len(samples))
     cached = entry["samples"] if cache_ok else None
     fresh_reference: list = []
     tolerance = _tolerances().for_dtype(key, scope="op")
@@ -375,7 +431,11 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             timer.add("comparison", t0)
 
     if ctx.cache is not None and not cache_ok and fresh_reference:
-        ctx.cache.put(case.id, {"fingerprint": fingerprint, "samples": fresh_reference})
+        entry = {"fingerprint": fingerprint, "samples": fresh_reference}
+        inputs = cacheable_inputs(samples)
+        # With its inputs a warm run skips generation too; an entry too large with them is kept without.
+        if inputs is None or not ctx.cache.put(case.id, {**entry, "generator": generator_digest(), "inputs": inputs}):
+            ctx.cache.put(case.id, entry)
     trace = tracker.trace
     return _aggregate(case, verdicts, worst, trace, timer.totals, rule, nondeterministic, cached=cache_ok)
 
