@@ -1,8 +1,9 @@
 """Runs one operator case: every sample of one op x dtype x direction, on the
 reference and on the target, compared with the float64 golden rule.
 
-Per sample, in order: inputs are generated on the CPU with the case's seed and
-copied to the target; the reference runs (or comes from the reference cache);
+Per sample, in order: inputs are generated on the CPU with the case's seed (or,
+with the reference outputs, come from the reference cache) and copied to the
+target; the reference runs (or comes from the reference cache);
 the target runs inside op tracking; outputs (forward) or input gradients for
 a seeded random cotangent (backward) are compared. The float64 golden and a
 second reference run are computed only for a sample that does not match at
