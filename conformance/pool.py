@@ -22,11 +22,10 @@ from typing import Iterable, Iterator
 from .case import Case
 from .outcome import Outcome, Status
 from .settings import RunSettings
-from .worker import worker_main
+from .worker import RECYCLE_FRACTION, worker_main
 
-# An idle persistent worker above this fraction of the RSS cap is replaced between cases: the allocator
+# An idle persistent worker above RECYCLE_FRACTION of the RSS cap is replaced between cases: the allocator
 # keeps freed memory, and a big model would otherwise push an innocent later case over the cap.
-RECYCLE_FRACTION = 0.5
 POLL_S = 0.25
 WORKER_START_TIMEOUT_S = 180.0
 

@@ -39,6 +39,11 @@ KIND_REPRO_WRITERS = {
 }
 
 
+# Above this fraction of the RSS cap a worker hands freed memory back to the OS after its case, and
+# the pool replaces a worker still above it (conformance/pool.py).
+RECYCLE_FRACTION = 0.5
+
+
 @dataclass(kw_only=True)
 class WorkerContext:
     """What an executor gets besides its case."""
@@ -100,6 +105,29 @@ def write_repro(case: Case, outcome: Outcome, ctx: WorkerContext) -> str | None:
     return _load(writer_path)(case, outcome, ctx)
 
 
+def _return_freed_memory(threshold_mb: float) -> None:
+    """Hands the memory of a finished big case back to the OS, so the pool need not replace this worker.
+
+    glibc keeps freed heap memory (its mmap threshold grows after large
+    frees), so a worker that ran a big model stays large; ``malloc_trim``
+    returns the free part. Only done above the threshold: it costs a few ms.
+    Restarting a worker (importing torch, timm and transformers) costs seconds.
+    """
+    import gc
+
+    import psutil
+
+    if psutil.Process().memory_info().rss / 2**20 <= threshold_mb:
+        return
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the pool replaces the worker instead
+        pass
+
+
 def _die_with_parent() -> None:
     """Linux: the kernel kills this worker when the run that spawned it dies (even by SIGKILL).
 
@@ -142,7 +170,9 @@ def worker_main(conn, settings: RunSettings) -> None:
         verb = request[0]
         if verb == "run":
             case = Case.from_dict(request[1])
-            conn.send(("done", execute(case, ctx).to_dict()))
+            outcome = execute(case, ctx)
+            _return_freed_memory(settings.rss_limit_mb * RECYCLE_FRACTION)
+            conn.send(("done", outcome.to_dict()))
         elif verb == "repro":
             case, outcome = Case.from_dict(request[1]), Outcome.from_dict(request[2])
             probe = KIND_REFERENCE_PROBES.get(case.kind)
