@@ -78,16 +78,19 @@ def harness_run(configs: list, jobs: int, results: str, rss_limit_mb: int):
                            artifacts_dir=os.path.join(results, "artifacts"))
     cases = [model_case(c) for c in configs]
     totals: dict[str, float] = {}
+    findings: list[str] = []
 
     def collect(case, outcome):
         for k, v in outcome.timings.items():
             totals[k] = totals.get(k, 0.0) + v
+        if outcome.status.value not in ("pass", "skip"):
+            findings.append(f"{outcome.status.value:<12} {case.title}: {outcome.message[:150]}")
 
     start = time.perf_counter()
     with PeakRSS() as rss, ResultStore.open(results) as store:
         summary = run_suite(cases, settings=settings, store=store, build_id=f"bench-j{jobs}", manifest={},
                             target_label="neuron", jobs=jobs, on_outcome=collect)
-    return time.perf_counter() - start, summary, totals, rss.peak_mb
+    return time.perf_counter() - start, summary, totals, rss.peak_mb, findings
 
 
 def raw_loop(configs: list) -> tuple[float, int]:
@@ -135,12 +138,14 @@ def main() -> None:
           f"profile {args.profile}, {os.cpu_count()} CPUs", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="bench_zoo_") as tmp:
-        wall, summary, totals, peak = harness_run(part, args.jobs, os.path.join(tmp, "run"), args.rss_limit_mb)
+        wall, summary, totals, peak, findings = harness_run(part, args.jobs, os.path.join(tmp, "run"), args.rss_limit_mb)
         rate = len(part) / wall * 60
         print(f"\n1. harness, -j {args.jobs}: {len(part)} configurations in {wall:.1f} s = {rate:.1f} configurations/min")
         print("   time per configuration (summed over workers): "
               + ", ".join(f"{k} {v / max(1, len(part)):.2f} s" for k, v in sorted(totals.items())))
         print("   outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
+        for line in findings[:30]:
+            print(f"     {line}")
         print(f"   peak worker RSS: {peak:.0f} MiB (cap {args.rss_limit_mb} MiB)")
         projected = len(subset) / rate
         print(f"\n2. whole subset ({len(subset)} configurations) at that rate: {projected:.1f} min "
