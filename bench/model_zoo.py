@@ -154,7 +154,7 @@ def main() -> None:
         if args.overhead_configs:
             few = stratified_part(part, args.overhead_configs)
             raw, ran = raw_loop(few)
-            harness, _, _, _ = harness_run(few, 1, os.path.join(tmp, "overhead"), args.rss_limit_mb)
+            harness, *_ = harness_run(few, 1, os.path.join(tmp, "overhead"), args.rss_limit_mb)
             print(f"\n3. overhead on {len(few)} configurations ({ran} ran raw): raw loop {raw:.1f} s, "
                   f"harness -j 1 {harness:.1f} s: {harness / raw:.2f}x (includes worker start-up)")
 
