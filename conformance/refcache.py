@@ -41,11 +41,10 @@ MAX_CACHE_BYTES = 2 << 30
 
 
 def _tensor_bytes(value: Any) -> int:
-    """The bytes of the tensors in a nested value: a lower bound of its packed size."""
+    """The bytes of the tensors' values in a nested value: what its packed size is, give or take the layout."""
     from torch.utils._pytree import tree_leaves
 
-    return sum(t.untyped_storage().nbytes() if t.layout == torch.strided else t.numel() * t.element_size()
-               for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
 
 
 class ReferenceCache:
@@ -99,7 +98,7 @@ class ReferenceCache:
             payload = pack(value)
         except Unserializable:
             return False
-        if len(payload) > MAX_ENTRY_BYTES or self._size() > self.max_bytes:
+        if len(payload) > MAX_ENTRY_BYTES:
             return False
         for attempt in range(5):
             try:

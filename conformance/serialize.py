@@ -4,7 +4,8 @@ Values are nested tuples, lists and string-keyed dicts of tensors, numbers,
 strings, dtypes, devices, memory formats, slices and Ellipsis. They are
 written with ``torch.save`` as a JSON structure plus a list of tensors (a
 view keeps its strides, and its storage and offset unless that storage is
-far larger than the view), and read back with ``torch.load(weights_only=True)``, which never unpickles
+far larger than the view), and read back with
+``torch.load(weights_only=True)``, which never unpickles
 arbitrary objects. Used for the reference cache and for reproducer inputs.
 """
 
@@ -47,6 +48,7 @@ def _encode(value: Any, tensors: list[torch.Tensor]):
             return node
         t = t.resolve_conj().resolve_neg()
         storage = _storage_elements(t)
+        span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
         if t.is_contiguous() and t.storage_offset() == 0 and storage == t.numel():
             tensors.append(t.clone())
         elif saves_exactly(t):
@@ -54,13 +56,11 @@ def _encode(value: Any, tensors: list[torch.Tensor]):
             # and what lies around the view (which as_strided-style ops read) come back as they were.
             tensors.append(t.as_strided((storage,), (1,), 0).clone())
             node.update(shape=list(t.shape), stride=list(t.stride()), offset=t.storage_offset())
-        else:
-            span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
-            if span <= _saved_elements_limit(t):  # the layout without the rest of a large storage
-                tensors.append(t.as_strided((span,), (1,)).clone())
-                node.update(shape=list(t.shape), stride=list(t.stride()), offset=0)
-            else:  # a view far sparser than its storage: its values only
-                tensors.append(t.contiguous().clone())
+        elif span <= _saved_elements_limit(t):  # the layout, without the rest of a large storage
+            tensors.append(t.as_strided((span,), (1,)).clone())
+            node.update(shape=list(t.shape), stride=list(t.stride()), offset=0)
+        else:  # a view far sparser than its storage: its values only
+            tensors.append(t.contiguous().clone())
         return node
     if value is None or isinstance(value, (bool, int, str)):
         return value

@@ -9,6 +9,7 @@ killed an earlier worker.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -115,17 +116,31 @@ def _return_freed_memory(threshold_mb: float) -> None:
     """
     import gc
 
-    import psutil
-
-    if psutil.Process().memory_info().rss / 2**20 <= threshold_mb:
+    if _this_process().memory_info().rss / 2**20 <= threshold_mb:
         return
     gc.collect()
-    try:
-        import ctypes
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the pool replaces the worker instead
-        pass
+
+@functools.cache
+def _this_process():
+    import psutil
+
+    return psutil.Process()
+
+
+@functools.cache
+def _glibc():
+    """glibc, or None where the C library is another (the pool then replaces a large worker instead)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
 
 
 def _die_with_parent() -> None:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .metrics import rmse, tensor_metrics, ulp_distance
+from .metrics import INT_VIEW, rmse, tensor_metrics, ulp_distance
 from .tolerances import SMALL_TENSOR, Tolerance, default_tolerance
 
 RULES = ("values", "distribution", "metadata")
@@ -358,11 +358,6 @@ class _Walker:
             )
 
 
-_BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
-         torch.bfloat16: torch.int16, **{d: torch.int8 for d in (torch.float8_e4m3fn, torch.float8_e4m3fnuz,
-                                                                torch.float8_e5m2, torch.float8_e5m2fnuz)}}
-
-
 def _with_nonfinite_kernels(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself, or as float32 for the float8 dtypes, which have no isnan/isinf kernels.
 
@@ -373,7 +368,7 @@ def _with_nonfinite_kernels(t: torch.Tensor) -> torch.Tensor:
 
 
 def _bitwise_equal(a: torch.Tensor, e: torch.Tensor) -> bool:
-    bits = _BITS.get(a.dtype)
+    bits = INT_VIEW.get(a.dtype)
     if bits is None or a.dtype != e.dtype:
         return False
     return torch.equal(a.contiguous().view(bits), e.contiguous().view(bits))

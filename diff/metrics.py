@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-_INT_VIEW = {
+INT_VIEW = {  # the integer dtype of each float dtype's width: bit patterns, ULPs
     torch.float64: torch.int64,
     torch.float32: torch.int32,
     torch.float16: torch.int16,
@@ -50,7 +50,7 @@ def _unravel(flat_index: int, shape: torch.Size) -> tuple[int, ...]:
 
 def ulp_distance(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     """Units in the last place between two tensors of one float dtype (float64 result)."""
-    int_dtype = _INT_VIEW.get(actual.dtype)
+    int_dtype = INT_VIEW.get(actual.dtype)
     if int_dtype is None:
         return torch.zeros(actual.shape, dtype=torch.float64)
 
@@ -80,7 +80,7 @@ def tensor_metrics(actual: torch.Tensor, expected: torch.Tensor, *, rtol: float,
         )
     abs_flat = int(diff.reshape(-1).argmax())
     rel_flat = int(rel.reshape(-1).argmax())
-    if actual.dtype in _INT_VIEW and actual.dtype == expected.dtype:
+    if actual.dtype in INT_VIEW and actual.dtype == expected.dtype:
         ulps = torch.where(finite, ulp_distance(actual.detach(), expected.detach()), torch.zeros_like(a))
         max_ulp = float(ulps.max())
     else:
