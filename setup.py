@@ -4,17 +4,22 @@ Everything else about the distribution lives in pyproject.toml. The build
 needs the installed torch's headers, so install with --no-build-isolation
 (see the README); it needs no network.
 """
+import os
 from pathlib import Path
 
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-CSRC = Path("conformance/emulator/csrc")
+# The build needs torch's headers, not its devices: an installed earlier version of this package may
+# have left a backend entry point that no longer imports, which would make `import torch` fail here.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
+
+CSRC = Path("emulator/csrc")
 
 setup(
     ext_modules=[
         CppExtension(
-            name="conformance.emulator._C",
+            name="emulator._C",
             sources=sorted(str(p) for p in CSRC.glob("*.cpp")),
             extra_compile_args=["-O2", "-g0", "-std=c++20"],
         )

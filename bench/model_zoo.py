@@ -69,9 +69,10 @@ def stratified_part(configs: list, limit: int) -> list:
 
 
 def harness_run(configs: list, jobs: int, results: str, rss_limit_mb: int):
-    from conformance.model_case import model_case
+    from model_zoo.execute import model_case
     from conformance.settings import RunSettings
-    from conformance.suite import run_suite
+    from runner.reporters import OnOutcome, StoreWriter
+    from runner.suite import run_suite
     from results.store import ResultStore
 
     settings = RunSettings(target="neuron", timeout_s=600.0, rss_limit_mb=rss_limit_mb,
@@ -88,8 +89,8 @@ def harness_run(configs: list, jobs: int, results: str, rss_limit_mb: int):
 
     start = time.perf_counter()
     with PeakRSS() as rss, ResultStore.open(results) as store:
-        summary = run_suite(cases, settings=settings, store=store, build_id=f"bench-j{jobs}", manifest={},
-                            target_label="neuron", jobs=jobs, on_outcome=collect)
+        summary = run_suite(cases, settings=settings, plugins=[StoreWriter(store), OnOutcome(collect)], build_id=f"bench-j{jobs}", manifest={},
+                            target_label="neuron", jobs=jobs)
     return time.perf_counter() - start, summary, totals, rss.peak_mb, findings
 
 
@@ -97,8 +98,8 @@ def raw_loop(configs: list) -> tuple[float, int]:
     """Build, reference and target of each configuration in this process, with nothing around them."""
     import torch
 
-    from conformance import emulator
-    from conformance.model_case import run_side
+    import emulator
+    from model_zoo.execute import run_side
     from model_zoo import build
 
     emulator.register()

@@ -28,7 +28,8 @@ import time
 
 def sweep(cases, results, build, jobs, timeout):
     from conformance.settings import RunSettings
-    from conformance.suite import run_suite
+    from runner.reporters import OnOutcome, StoreWriter
+    from runner.suite import run_suite
     from results.store import ResultStore
 
     settings = RunSettings(target="neuron", timeout_s=timeout, artifacts_dir=os.path.join(results, "artifacts"),
@@ -44,8 +45,8 @@ def sweep(cases, results, build, jobs, timeout):
 
     start = time.perf_counter()
     with ResultStore.open(results) as store:
-        summary = run_suite(cases, settings=settings, store=store, build_id=build, manifest={}, target_label="neuron",
-                            jobs=jobs, on_outcome=collect)
+        summary = run_suite(cases, settings=settings, plugins=[StoreWriter(store), OnOutcome(collect)], build_id=build, manifest={}, target_label="neuron",
+                            jobs=jobs)
     return time.perf_counter() - start, summary, totals, cached
 
 
@@ -69,8 +70,9 @@ def plain_loops(cases, limit: int):
     import torch
     from torch.utils._pytree import tree_leaves
 
-    from conformance import emulator
-    from op_tests.execute import _copy_to, generate_samples, sample_parts
+    import emulator
+    from op_tests.execute import target_inputs
+    from op_tests.samples import generate_samples, sample_parts
     from op_tests.sources import get_op
 
     emulator.register()
@@ -87,7 +89,7 @@ def plain_loops(cases, limit: int):
                 parts = sample_parts(sample)
                 results = []
                 for device in ("cpu", "neuron"):
-                    inp, args, kwargs = parts if device == "cpu" else _copy_to(parts, device, from_type="cpu")
+                    inp, args, kwargs = parts if device == "cpu" else target_inputs(parts, device)
                     try:
                         out = sample.output_process_fn_grad(op(inp, *args, **kwargs))
                         if backward:
@@ -122,7 +124,8 @@ def overhead(cases, args, results: str, cold_per_case: float | None = None) -> N
     step = max(1, len(cases) // n)
     sample_cases = cases[::step][:n]
     from conformance.settings import RunSettings
-    from conformance.suite import run_suite
+    from runner.reporters import OnOutcome, StoreWriter
+    from runner.suite import run_suite
     from results.store import ResultStore
 
     in_case = 0.0
@@ -134,8 +137,8 @@ def overhead(cases, args, results: str, cold_per_case: float | None = None) -> N
     settings = RunSettings(target="neuron", timeout_s=args.timeout, artifacts_dir=os.path.join(results, "artifacts"))
     start = time.perf_counter()
     with ResultStore.open(os.path.join(results, "overhead")) as store:
-        run_suite(sample_cases, settings=settings, store=store, build_id="overhead-j1", manifest={},
-                  target_label="neuron", jobs=1, on_outcome=collect)
+        run_suite(sample_cases, settings=settings, plugins=[StoreWriter(store), OnOutcome(collect)], build_id="overhead-j1", manifest={},
+                  target_label="neuron", jobs=1)
     harness = (time.perf_counter() - start) / len(sample_cases)
     raw, check = plain_loops(sample_cases, n)
     raw_per_case, check_per_case = raw / len(sample_cases), check / len(sample_cases)

@@ -75,14 +75,12 @@ def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
 def timed_passes(selected, *, executor: str, jobs: int) -> tuple[float, float, dict]:
     """(cold seconds, warm seconds, cores used in the warm pass, outcome counts) of two passes over the
     case set on the same workers."""
-    from conformance.pool import LocalPool
-    from conformance.ray_executor import RayExecutor
     from results.store import ResultStore
+    from runner.supervisor import Supervisor
 
     with tempfile.TemporaryDirectory() as tmp:
         run_settings = settings(Path(tmp) / "artifacts")
-        runner = (LocalPool(run_settings, jobs=jobs, persistent=True) if executor == "local"
-                  else RayExecutor(run_settings, jobs=jobs, persistent=True))
+        runner = Supervisor(run_settings, jobs=jobs, transport=executor, persistent=True)
         by_id = {c.id: c for c in selected}
         times, counts, cores = [], {}, 0.0
         try:

@@ -2,7 +2,7 @@
 
     compare the build with its baseline        (ci.compare: one verdict per case)
     -> known failures become xfail / xpass     (ci.expectations)
-    -> each regression is rerun up to K times  (ci.reruns: a fresh process each;
+    -> each regression is rerun up to K times  (runner.supervisor, fresh=True: a process each;
        in fresh processes; one pass: flaky      the first pass ends a case's reruns)
     -> every regression gets a reproducer      (written by a process that saw it fail)
     -> reporters are told through hooks        (ci.hooks: terminal lines, JUnit XML)
@@ -21,12 +21,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from conformance.outcome import Status
-from conformance.pool import ExecutorError
+from runner.supervisor import Job, Supervisor, TransportError
 
 from .compare import CaseChange, Comparison, Verdict, compare_builds
 from .expectations import Expectations
 from .hooks import Hooks
-from .reruns import FreshJob, FreshProcessRunner, settings_for_build, slug
+from .reruns import settings_for_build, slug
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,7 +102,6 @@ def _rerun_and_reproduce(store, report: GateReport, candidates: list[CaseChange]
         # Per build: reproducers are named by case id, which every build shares.
         artifacts_dir=str(store.folder / "artifacts" / "gate" / slug(build.id)),
     )
-    runner = FreshProcessRunner(settings, jobs=options.jobs)
     by_id = {c.case_id: c for c in candidates}
     statuses: dict[str, list[Status]] = {c.case_id: [] for c in candidates}
     repros: dict[str, str] = {}
@@ -118,9 +117,9 @@ def _rerun_and_reproduce(store, report: GateReport, candidates: list[CaseChange]
         if len(rerunnable) > len(chosen):
             report.notes.append(f"{len(rerunnable) - len(chosen)} regressions were not rerun (over --max-reruns "
                                 f"{options.max_reruns}); they count as regressions")
-        queue = deque(FreshJob(case=c.case, attempt=1) for c in chosen)
+        queue = deque(Job(case=c.case, attempt=1) for c in chosen)
         try:
-            for job, outcome in runner.run(queue):
+            for job, outcome in Supervisor(settings, jobs=options.jobs, fresh=True).run_jobs(queue):
                 case_id = job.case.id
                 store.record_rerun(build.id, job.case, outcome)
                 statuses[case_id].append(outcome.status)
@@ -128,8 +127,8 @@ def _rerun_and_reproduce(store, report: GateReport, candidates: list[CaseChange]
                     repros[case_id] = store.relative(outcome.repro)
                 hooks.call("gate_rerun", change=by_id[case_id], attempt=job.attempt, outcome=outcome)
                 if outcome.status is not Status.PASS and job.attempt < options.reruns:
-                    queue.append(FreshJob(case=job.case, attempt=job.attempt + 1))
-        except ExecutorError as exc:
+                    queue.append(Job(case=job.case, attempt=job.attempt + 1))
+        except TransportError as exc:
             report.notes.append(f"reruns stopped: {exc}; cases not rerun count as regressions")
 
     for change in candidates:
@@ -146,14 +145,14 @@ def _rerun_and_reproduce(store, report: GateReport, candidates: list[CaseChange]
     if not lacking:
         return
     originals = {c.case_id: store.result(build.id, c.case_id).outcome for c in lacking}
-    queue = deque(FreshJob(case=c.case, outcome=originals[c.case_id]) for c in lacking)
+    queue = deque(Job(case=c.case, repro_of=originals[c.case_id]) for c in lacking)
     try:
-        for job, outcome in runner.run(queue):
+        for job, outcome in Supervisor(settings, jobs=options.jobs, fresh=True).run_jobs(queue):
             change = report.comparison.get(job.case.id)
             if outcome.repro:
                 store.set_artifact(build.id, change.case_id, "repro", outcome.repro)
                 report.comparison.replace(change, repro=store.relative(outcome.repro))
             elif outcome.evidence.get("repro_error"):
                 report.notes.append(f"{change.title}: no reproducer: {outcome.evidence['repro_error']}")
-    except ExecutorError as exc:
+    except TransportError as exc:
         report.notes.append(f"reproducers not written: {exc}")

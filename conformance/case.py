@@ -14,7 +14,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-CASE_KINDS = ("op", "model", "script")
+# op: an OpInfo op x dtype x direction; model: a zoo configuration; script: a migration check of a user's
+# script; script-side: one side of such a check (never stored); survey: does a zoo entry build on the CPU.
+CASE_KINDS = ("op", "model", "script", "script-side", "survey")
 
 
 def canonical_json(value: Any) -> str:
@@ -23,7 +25,7 @@ def canonical_json(value: Any) -> str:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Case:
-    kind: str  # op | model | script
+    kind: str  # one of CASE_KINDS
     name: str  # op name, model architecture, script path
     family: str = ""  # OpInfo variant / model family
     dtype: str = ""

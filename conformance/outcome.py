@@ -21,6 +21,7 @@ class Status(str, Enum):
     CRASH = "crash"  # the worker process died
     TIMEOUT = "timeout"  # the case ran past its time limit
     SKIP = "skip"  # cannot be judged (e.g. fails on the reference too), with a reason
+    INCONCLUSIVE = "inconclusive"  # ran, but the reference cannot decide it (not deterministic): never a pass
     XFAIL = "xfail"  # a known failure, from expectations
     XPASS = "xpass"  # a known failure that now passes
 

@@ -19,9 +19,12 @@ class RunSettings:
     artifacts_dir: str | None = None  # reproducers go here
     reference_cache: str | None = None  # SQLite file of cached reference outputs
     env: dict[str, str] = field(default_factory=dict)  # set in workers before torch is imported
-    # "module:function"s a worker calls before it reports ready (e.g. loading op_db), so
-    # that the first case's timeout measures the case, not the worker's start-up.
+    # Kinds of case whose warm-up a worker runs before it reports ready (loading op_db, ...), so that
+    # the first case's timeout measures the case, not the worker's start-up.
     warmup: tuple[str, ...] = ()
+    # Intra-op threads per worker (0: PyTorch's default). Workers that together use more threads than
+    # the machine has cores only wait for each other; see default_threads.
+    threads: int = 0
 
     def worker_env(self) -> dict[str, str]:
         """The environment a worker needs: emulator profile and faults, backend modules."""
@@ -31,3 +34,9 @@ class RunSettings:
             env.setdefault("NEURON_VALIDATE_EMULATOR_AUTOLOAD", "0")
         env.update(self.env)
         return env
+
+
+def default_threads(jobs: int) -> int:
+    """One share of the cores per worker: ``jobs`` workers on a 2-core machine with -j 2 get one thread each."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, jobs))

@@ -177,7 +177,7 @@ class Target:
         if self.compiles:
             info["compile_backend"] = self.compile_backend()
         if self.kind == "neuron-emulated":
-            from conformance import emulator
+            import emulator
 
             info["emulator_profile"] = emulator.profile().to_dict()
             info["emulator_faults"] = [f.spec() for f in emulator.faults()]
@@ -231,7 +231,7 @@ def resolve_target(spec: str | TargetSpec, *, backend_modules: tuple[str, ...] =
         return Target(spec=spec, kind="cuda", label=f"cuda ({torch.cuda.get_device_name(0)})")
     pu1 = _privateuse1_name()
     if device == "neuron":
-        from conformance import emulator
+        import emulator
 
         if pu1 == "neuron" and emulator.is_registered():
             return Target(spec=spec, kind="neuron-emulated", label="neuron (emulated)", _tracking_module=torch.neuron)

@@ -192,31 +192,13 @@ def train_curve(
     for execution (torch.compile in compile mode). The same ``seed`` is set
     on every side before the first step.
     """
-    import copy
+    from .sides import run_model
 
-    import torch
-    from torch.utils._pytree import tree_map
-
-    torch.manual_seed(seed)
-    m = copy.deepcopy(model).to(device)
-    optimizer = optimizer_factory(m.parameters())
-    run = prepare(m) if prepare is not None else m
-    losses: list[float] = []
-    seconds: list[float] = []
-    for step in range(steps):
-        inputs = tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, batch(step))
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        value = loss(run, inputs)
-        value.backward()
-        optimizer.step()
-        if synchronize is not None:
-            synchronize()
-        loss_value = float(value.detach().float().cpu())
-        seconds.append(time.perf_counter() - start)
-        losses.append(loss_value)
-        if on_step is not None:
-            on_step(step, loss_value)
+    run = run_model(model, device=device, inputs=batch, forward=loss, loss=lambda value, inputs: value, steps=steps,
+                    optimizer_factory=optimizer_factory, prepare=prepare, synchronize=synchronize, on_step=on_step,
+                    seed=seed, keep_output=lambda value: None)
+    losses = [float(v.float().cpu()) for v in run.losses]
+    seconds = run.step_seconds
     return LossCurve(label=label, losses=tuple(losses), step_seconds=tuple(seconds))
 
 

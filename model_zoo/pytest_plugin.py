@@ -6,14 +6,14 @@
 The selection means what it means for ``neuron-conformance models``: every
 configuration of the selection, a stratified ``--sample``, or one ``--base``
 configuration per architecture. Target options, pool and verdicts come from
-``conformance.pytest_plugin``.
+``runner.pytest_plugin``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["conformance.pytest_plugin"]
+pytest_plugins = ["runner.pytest_plugin"]
 
 CONFIGS_KEY = pytest.StashKey()
 
@@ -32,7 +32,7 @@ def selected_configs(config: pytest.Config) -> list:
     """The configurations the options select; a bad selection is a usage error of the session."""
     import model_zoo
 
-    from conformance.pytest_plugin import split
+    from runner.pytest_plugin import split
 
     opt = config.getoption
     families = split(opt("--family")) or None
@@ -67,7 +67,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "model_case" not in metafunc.fixturenames:
         return
-    from conformance.model_case import model_case
+    from model_zoo.execute import model_case
 
     cases = [model_case(c) for c in metafunc.config.stash[CONFIGS_KEY]]
     metafunc.parametrize("model_case", cases, ids=[c.title.removeprefix("model:") for c in cases])
@@ -75,8 +75,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def model_runner(pytestconfig):
-    from conformance.pytest_plugin import open_runner, settings
+    from runner.pytest_plugin import open_runner, settings
 
-    pool = open_runner(settings(pytestconfig, timeout_s=600.0))
+    pool = open_runner(settings(pytestconfig, "models", timeout_s=600.0))
     yield pool
     pool.close()

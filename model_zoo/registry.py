@@ -14,6 +14,11 @@ decorators fill the registry:
 
 Unlike timm's registry, a duplicate name raises ``DuplicateModelError`` and an
 unknown name raises ``UnknownModelError`` listing the closest names.
+
+The modules that register families are found through the entry point group
+``neuron_validate.model_families`` (pyproject.toml), the way pytest finds its
+plugins: the registry never imports them by name, they import the registry,
+and another package can add a family of its own.
 """
 
 from __future__ import annotations
@@ -33,16 +38,15 @@ if TYPE_CHECKING:
 
 Builder = Callable[[ModelConfig, "ModelEntry"], "BuiltModel"]
 
-# The modules whose import registers a family; imported on first use.
-FAMILY_MODULES = (
-    "model_zoo.families.timm_family",
-    "model_zoo.families.hf",
-    "model_zoo.families.diffusion",
-    "model_zoo.families.world_model",
-    "model_zoo.families.molecular",
-    "model_zoo.families.robotics",
-    "model_zoo.families.flex",
-)
+# The entry point group of the modules whose import registers a family; imported on first use.
+FAMILY_ENTRY_POINTS = "neuron_validate.model_families"
+
+
+def family_modules() -> tuple[str, ...]:
+    """The installed family modules, in their entry points' order."""
+    from importlib.metadata import entry_points
+
+    return tuple(ep.value for ep in entry_points(group=FAMILY_ENTRY_POINTS))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,10 +150,11 @@ class ModelEntry:
 class Registry:
     """Names to entries; family loaders run once, on first read."""
 
-    def __init__(self, family_modules: Iterable[str] = ()) -> None:
+    def __init__(self, family_modules: Iterable[str] | Callable[[], Iterable[str]] = ()) -> None:
+        """``family_modules``: modules to import before the first read (or a function that names them)."""
         self._entries: dict[str, ModelEntry] = {}
         self._family_loaders: dict[str, Callable[[], Iterable[ModelEntry]]] = {}
-        self._family_modules = tuple(family_modules)
+        self._family_modules = family_modules
         self._loaded = False
         self._loading = False
 
@@ -193,7 +198,8 @@ class Registry:
             return
         self._loading = True
         try:
-            for module in self._family_modules:
+            modules = self._family_modules() if callable(self._family_modules) else self._family_modules
+            for module in modules:
                 importlib.import_module(module)
             for family, loader in self._family_loaders.items():
                 self._run_loader(family, loader)
@@ -270,7 +276,7 @@ class Registry:
         return replace(config, **changes) if changes else config
 
 
-REGISTRY = Registry(FAMILY_MODULES)
+REGISTRY = Registry(family_modules)
 register_model = REGISTRY.register_model
 register_family = REGISTRY.register_family
 list_models = REGISTRY.list_models

@@ -2,9 +2,9 @@
 
     python -m model_zoo.survey --out model_zoo/data/arch_status.json [-j 2] [--only 'hf/*'] [--timeout 60]
 
-For each entry, in its own forked process (``isolate.run_isolated``: a
-timeout, a resident-memory cap, a crash cannot stop the survey), the survey
-builds the base config (float32, default batch and size, train, eager), runs
+For each entry, as a case of kind ``survey`` on the runner's supervisor (a
+timeout, a memory cap, a crash cannot stop the survey; see probing.py),
+the survey builds the base config (float32, default batch and size, train, eager), runs
 forward, the loss and backward, then runs them again and builds the model a
 second time, and requires both to be bitwise equal: the harness compares a
 reference and a target run, so a model that draws from the global RNG in its
@@ -30,8 +30,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from conformance.case import Case
+from conformance.outcome import Outcome, Status
+from runner.executors import Executor
+
 from .errors import one_line
-from .isolate import run_isolated
+from .probing import run_probes
 from .status import STATUS_PATH
 
 
@@ -119,6 +123,28 @@ def survey_one(name: str) -> dict[str, Any]:
     return record
 
 
+# ---------------------------------------------------------------- isolation
+def _probe_function(family: str):
+    """What a survey case runs, by its family: the build-and-train check here, or timm's size probe."""
+    if family == "timm-probe":
+        from .families import timm_probe
+
+        return timm_probe.probe
+    return survey_one
+
+
+def execute_survey_case(case: Case, ctx) -> Outcome:
+    """Runs the case's probe on the entry ``case.name``; its record is the evidence (a raise is the record too)."""
+    try:
+        value = _probe_function(case.family)(case.name)
+    except Exception as exc:  # noqa: BLE001 - the failure is the result
+        import traceback
+
+        return Outcome(case_id=case.id, status=Status.ERROR, message=one_line(exc),
+                       evidence={"traceback": traceback.format_exc(limit=-3)})
+    return Outcome(case_id=case.id, status=Status.PASS, message="probed", evidence={"record": value})
+
+
 def _versions() -> dict[str, Any]:
     import importlib.metadata as md
 
@@ -164,15 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-    import torch  # noqa: F401 - imported before forking so children start fast
-
     from . import registry
 
-    for pkg in ("timm", "transformers", "diffusers"):
-        try:
-            __import__(pkg)
-        except ImportError:
-            pass
     names = registry.list_models(args.only, args.exclude, primary_only=args.primary_only)
     progress = args.progress or args.out.with_suffix(".jsonl")
     records: dict[str, dict[str, Any]] = {}
@@ -196,18 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     prior = float(json.loads(args.out.read_text()).get("survey_seconds", 0)) if args.out.exists() else 0.0
     with progress.open("a") as log:
-        for i, res in enumerate(run_isolated(survey_one, todo, jobs=args.jobs, timeout=args.timeout,
-                                             rss_limit=int(args.rss_gb * 2**30)), 1):
-            if res.ok:
-                rec = dict(res.value)
-            else:
-                rec = {"status": res.status, "stage": "run", "reason": res.reason}
-            rec["seconds"] = round(res.seconds, 2)
-            records[res.item] = rec
-            log.write(json.dumps({"name": res.item, **rec}) + "\n")
+        probes = run_probes("build", todo, jobs=args.jobs, timeout=args.timeout, rss_limit_mb=int(args.rss_gb * 1024))
+        for i, (name, ok, value, status, reason, seconds) in enumerate(probes, 1):
+            rec = dict(value) if ok else {"status": status, "stage": "run", "reason": reason}
+            rec["seconds"] = round(seconds, 2)
+            records[name] = rec
+            log.write(json.dumps({"name": name, **rec}) + "\n")
             log.flush()
-            print(f"[{i}/{len(todo)}] {res.item}: {rec['status']} {rec.get('reason', '')} ({res.seconds:.1f}s)",
-                  flush=True)
+            print(f"[{i}/{len(todo)}] {name}: {rec['status']} {rec.get('reason', '')} ({seconds:.1f}s)", flush=True)
             if i % 25 == 0:
                 write_status(args.out, records, elapsed=prior + time.monotonic() - start, complete=False)
     complete = all(n in records for n in registry.list_models())
@@ -216,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"survey: {dict(counts)} in {time.monotonic() - start:.0f}s -> {args.out}", file=sys.stderr)
     return 0
 
+
+EXECUTOR = Executor(kind="survey", execute=execute_survey_case)
 
 if __name__ == "__main__":
     raise SystemExit(main())

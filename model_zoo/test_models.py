@@ -1,6 +1,6 @@
 """Every selected model-zoo configuration, on the target against the reference."""
 
-from conformance.pytest_plugin import check_outcome
+from runner.pytest_plugin import check_outcome
 
 
 def test_model(model_case, model_runner):

@@ -3,14 +3,14 @@
     pytest op_tests --target neuron -n 2 --junitxml out.xml [--ops GLOB] [--dtypes LIST]
 
 The target options, the worker pool and the verdicts come from
-``conformance.pytest_plugin``; this plugin adds the selection of ops.
+``runner.pytest_plugin``; this plugin adds the selection of ops.
 """
 
 from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["conformance.pytest_plugin"]
+pytest_plugins = ["runner.pytest_plugin"]
 
 CASES_KEY = pytest.StashKey()
 
@@ -26,7 +26,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Selects the cases up front, so a bad selection is a usage error (exit 4) with one line."""
-    from conformance.pytest_plugin import split
+    from runner.pytest_plugin import split
     from op_tests.sources import OpSelection, UnknownOpError, op_cases
 
     opt = config.getoption
@@ -50,8 +50,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def op_runner(pytestconfig):
-    from conformance.pytest_plugin import open_runner, settings
+    from runner.pytest_plugin import open_runner, settings
 
-    pool = open_runner(settings(pytestconfig, timeout_s=300.0, warmup=("op_tests.sources:op_db",)))
+    pool = open_runner(settings(pytestconfig, "ops", timeout_s=300.0, warmup=("op",)))
     yield pool
     pool.close()

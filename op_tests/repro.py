@@ -22,7 +22,7 @@ from conformance.settings import EMULATOR_ENV
 
 import torch
 
-from .execute import generate_samples, sample_parts
+from .samples import generate_samples, sample_parts
 from .rules import rule_for
 from .sources import get_op, op_key
 

@@ -1,6 +1,6 @@
 """Every selected OpInfo case, on the target against the reference."""
 
-from conformance.pytest_plugin import check_outcome
+from runner.pytest_plugin import check_outcome
 
 
 def test_op(op_case, op_runner):

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from conformance import emulator
+import emulator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -2,7 +2,7 @@
 
     python -m model_zoo.families.timm_probe [--out PATH] [-j 2] [--only PATTERN ...]
 
-For every name in ``timm.list_models()`` (each in its own forked process):
+For every name in ``timm.list_models()`` (each a case on the runner's supervisor, see model_zoo/probing.py):
 
 1. build it on the meta device (no memory, no init cost) and count parameters;
 2. over ``PARAM_CAP``, shrink it with the depth kwargs its class takes
@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import one_line
-from ..isolate import run_isolated
 from .timm_family import DATA, DROP_KWARGS, NUM_CLASSES
 
 PARAM_CAP = 50_000_000
@@ -223,11 +222,14 @@ def main(argv: list[str] | None = None) -> int:
             old = {}
     models = dict(old)
     start = time.monotonic()
-    for i, res in enumerate(run_isolated(probe, names, jobs=args.jobs, timeout=args.timeout, rss_limit=10 << 30), 1):
-        models[res.item] = res.value if res.ok else {"sizes": [224], "batches": [2], "kwargs": {}, "error": res.reason}
-        tag = "ok" if res.ok and not res.value.get("error") else "FAIL"
-        print(f"[{i}/{len(names)}] {res.item}: {tag} {models[res.item].get('sizes')} "
-              f"{models[res.item].get('error', '')} ({res.seconds:.1f}s)", flush=True)
+    from ..probing import run_probes
+
+    probes = run_probes("timm-probe", names, jobs=args.jobs, timeout=args.timeout, rss_limit_mb=10 * 1024)
+    for i, (name, ok, value, status, reason, seconds) in enumerate(probes, 1):
+        models[name] = value if ok else {"sizes": [224], "batches": [2], "kwargs": {}, "error": f"{status}: {reason}"}
+        tag = "ok" if ok and not value.get("error") else "FAIL"
+        print(f"[{i}/{len(names)}] {name}: {tag} {models[name].get('sizes')} "
+              f"{models[name].get('error', '')} ({seconds:.1f}s)", flush=True)
         if i % 100 == 0 or i == len(names):
             _write(args.out, timm.__version__, models)
     _write(args.out, timm.__version__, models)

@@ -15,7 +15,7 @@ from tests.conftest import run_python
 CODE = r"""
 import json
 import torch
-from conformance import emulator
+import emulator
 from conformance.seeding import LAZILY_SEEDED_BACKENDS, skip_seeding_unavailable_backends
 
 emulator.register()

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conformance import emulator
+import emulator
 from diff.curves import CurveTolerance, LossCurve, compare_curves, train_curve
 from diff.plots import plot_curves, plot_layers
 from tests.conftest import REPO

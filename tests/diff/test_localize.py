@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conformance import emulator
+import emulator
 from diff.localize import ROOT, ReferenceFailure, localize
 
 WIDTH = 16

@@ -10,7 +10,8 @@ import pytest
 
 from conformance.outcome import Status
 from conformance.settings import RunSettings
-from conformance.suite import run_suite
+from runner.reporters import StoreWriter
+from runner.suite import run_suite
 from op_tests.sources import OpSelection, op_cases
 from results.store import ResultStore
 
@@ -39,7 +40,7 @@ def outcomes(tmp_path_factory):
         env={"NEURON_VALIDATE_FAULTS": FAULTS, "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"},
     )
     with ResultStore.open(results) as store:
-        run_suite(cases, settings=settings, store=store, build_id="faulty", manifest={}, target_label="neuron", jobs=2)
+        run_suite(cases, settings=settings, plugins=[StoreWriter(store)], build_id="faulty", manifest={}, target_label="neuron", jobs=2)
         return {(row.case.name, row.case.mode): row.outcome for row in store.results("faulty")}
 
 
@@ -75,7 +76,7 @@ def test_a_hang_is_a_timeout_and_the_run_goes_on(tmp_path):
     settings = RunSettings(target="neuron", timeout_s=15, artifacts_dir=str(tmp_path / "artifacts"),
                            env={"NEURON_VALIDATE_FAULTS": "hang@aten::exp", "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"})
     with ResultStore.open(tmp_path) as store:
-        run_suite(cases, settings=settings, store=store, build_id="hang", manifest={}, target_label="neuron", jobs=1)
+        run_suite(cases, settings=settings, plugins=[StoreWriter(store)], build_id="hang", manifest={}, target_label="neuron", jobs=1)
         got = {row.case.name: row.outcome for row in store.results("hang")}
     assert got["exp"].status is Status.TIMEOUT and "timed out" in got["exp"].message
     assert got["exp"].repro, "the replacement worker writes the reproducer"

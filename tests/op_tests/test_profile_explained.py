@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from conformance.outcome import Status
 from conformance.settings import RunSettings
-from conformance.suite import run_suite
+from runner.reporters import StoreWriter
+from runner.suite import run_suite
 from op_tests.sources import OpSelection, op_cases
 from results.store import ResultStore
 
@@ -25,7 +26,7 @@ def test_matmult_bf16_mismatches_are_matmul_family(tmp_path):
                                  max_samples=8))
     settings = RunSettings(target="neuron", timeout_s=300, env={"NEURON_VALIDATE_EMULATOR_PROFILE": "matmult-bf16"})
     with ResultStore.open(tmp_path) as store:
-        run_suite(cases, settings=settings, store=store, build_id="bf16", manifest={}, target_label="neuron", jobs=2)
+        run_suite(cases, settings=settings, plugins=[StoreWriter(store)], build_id="bf16", manifest={}, target_label="neuron", jobs=2)
         rows = list(store.results("bf16"))
     status = {row.case.name: row.outcome for row in rows}
     for name in ELEMENTWISE:

@@ -13,10 +13,11 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from conformance.outcome import Status
-from conformance.refcache import ReferenceCache
+from runner.refcache import ReferenceCache
 from conformance.settings import RunSettings
-from conformance.suite import run_suite
-from op_tests.execute import generate_samples, restore_samples, sample_parts
+from runner.reporters import OnOutcome, StoreWriter
+from runner.suite import run_suite
+from op_tests.samples import generate_samples, restore_samples, sample_parts
 from op_tests.sources import OpSelection, get_op, op_cases
 from results.store import ResultStore
 
@@ -37,8 +38,8 @@ def runs(tmp_path_factory):
             settings = RunSettings(target="neuron", timeout_s=300, artifacts_dir=str(root / "artifacts"),
                                    reference_cache=cache,
                                    env={"NEURON_VALIDATE_FAULTS": faults, "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"})
-            run_suite(cases, settings=settings, store=store, build_id=build, manifest={}, target_label="neuron",
-                      jobs=2, on_outcome=lambda case, outcome: cached.__setitem__(case.id, outcome.cached_reference))
+            run_suite(cases, settings=settings, plugins=[StoreWriter(store), OnOutcome(lambda case, outcome: cached.__setitem__(case.id, outcome.cached_reference))], build_id=build, manifest={}, target_label="neuron",
+                      jobs=2)
             got[build] = ({row.case.id: row.outcome for row in store.results(build)}, cached)
     return cases, cache, got
 

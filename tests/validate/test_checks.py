@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.validate.checks import CheckContext, check_placement, check_recompilation, check_wide_dtypes, run_checks
-from conformance.validate.explain import explain
-from conformance.validate.script import FUNCTIONS, TRAINING, ScriptError, inspect_script
-from conformance.validate.verdict import NOT_READY, READY, READY_WITH_WARNINGS, Finding, verdict_of
+from validate.checks import CheckContext, check_placement, check_recompilation, check_wide_dtypes, run_checks
+from validate.explain import explain
+from validate.script import FUNCTIONS, TRAINING, ScriptError, inspect_script
+from validate.verdict import NOT_READY, READY, READY_WITH_WARNINGS, Finding, verdict_of
 
 CTX = CheckContext(target="neuron (emulated)", reference="cpu", device="neuron", mode="compile", emulated=True)
 
@@ -163,8 +163,8 @@ def test_curves_and_same_start():
 
 # ---------------------------------------------------------------- the bootstrap's small decisions
 def test_device_arguments_per_side():
-    from conformance.validate.bootstrap import _script_args
-    from conformance.validate.common import ChildSpec
+    from validate.bootstrap import _script_args
+    from validate.common import ChildSpec
 
     spec = ChildSpec(script="s.py", convention="training", side="target", target="neuron", reference="cpu",
                      script_args=("--data", "x", "--on={device}"))
@@ -178,7 +178,7 @@ def test_device_arguments_per_side():
 def test_a_models_own_loss_is_the_only_place_the_backward_pass_starts():
     import torch
 
-    from conformance.validate.bootstrap import _upstream_gradient
+    from validate.bootstrap import _upstream_gradient
 
     loss_grad, logits_grad = torch.ones(()), torch.randn(2, 3)
     assert _upstream_gradient([loss_grad, logits_grad], [1, 6]) == [loss_grad, None]

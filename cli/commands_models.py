@@ -1,0 +1,99 @@
+"""``neuron-conformance models``: the model zoo on reference and target.
+
+    neuron-conformance models --list [--family F] [--filter GLOB]
+    neuron-conformance models --target neuron [--family F] [--filter GLOB] [--exclude GLOB]
+                              [--sample N --seed S | --base] [--build ID] [-j N] [--shard i/N] [--resume]
+
+Without ``--sample`` every enumerated configuration of the selection runs;
+with it, a deterministic stratified subset in which every buildable
+architecture appears at least once; with ``--base``, one base configuration
+(float32, train forward+backward, eager) of every selected entry, whether the
+survey built it or not, which is how per-family pass rates are measured.
+"""
+
+from __future__ import annotations
+
+from .common import EXIT_OK, UsageError, apply_environment
+
+
+def _split(text: str | None) -> list[str]:
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def _print_counts(counts: dict) -> None:
+    from rich.table import Table
+
+    from .progress import console
+
+    table = Table(title=f"model zoo: {counts['total']:,} configurations, {counts['architectures']:,} architectures "
+                        f"({counts['entries']:,} entries with task heads)")
+    table.add_column("family")
+    table.add_column("architectures", justify="right")
+    table.add_column("entries", justify="right")
+    table.add_column("configurations", justify="right")
+    for family, f in sorted(counts["families"].items()):
+        table.add_row(family, f"{f['architectures']:,}", f"{f['entries']:,}", f"{f['total']:,}")
+    console.print(table)
+    axes = Table(title="configurations per axis value")
+    axes.add_column("axis")
+    axes.add_column("values")
+    for axis, values in counts["axes"].items():
+        axes.add_row(axis, ", ".join(f"{v}: {n:,}" for v, n in sorted(values.items(), key=lambda kv: str(kv[0]))))
+    console.print(axes)
+
+
+def cmd_models(args) -> int:
+    apply_environment(args)
+    import model_zoo
+    from model_zoo.execute import model_case
+
+    from .conformance import _run
+
+    families = _split(args.family) or None
+    patterns = _split(args.filter) or None
+    exclude = _split(args.exclude) or None
+    try:
+        if families:
+            known = set(model_zoo.registry.families())
+            for f in families:
+                if f not in known:
+                    raise model_zoo.UnknownModelError(f"unknown family {f!r} (families: {', '.join(sorted(known))})")
+        if patterns:
+            for p in patterns:
+                if not model_zoo.list_models([p]):
+                    model_zoo.get_entry(p)  # raises with the closest names
+        if args.list:
+            _print_counts(model_zoo.count_configs(families, patterns, exclude=exclude))
+            return EXIT_OK
+        if args.base and args.sample is not None:
+            raise UsageError("--base and --sample are exclusive: --base runs one base config per architecture")
+        if args.base:
+            configs = model_zoo.base_configs(families, patterns, exclude=exclude)
+        elif args.sample is not None:
+            if args.sample < 1:
+                raise UsageError(f"--sample {args.sample}: must be at least 1")
+            configs = model_zoo.sample_configs(args.sample, args.seed, families, patterns, exclude=exclude)
+        else:
+            configs = list(model_zoo.enumerate_configs(families, patterns, exclude=exclude))
+    except model_zoo.ModelZooError as exc:
+        raise UsageError(str(exc)) from None
+    cases = [model_case(c) for c in configs]
+    if not cases:
+        raise UsageError("the selection holds no model configurations (check --family, --filter and --exclude)")
+    return _run(args, cases, kind_label="models", timeout=600.0, group="family")
+
+
+def register(sub) -> None:
+    from .conformance import add_suite_options
+
+    p = sub.add_parser("models", help="model zoo suite")
+    add_suite_options(p)
+    p.add_argument("--family", default="", help="comma-separated families (timm, hf, diffusion, ...)")
+    p.add_argument("--filter", default="", help="comma-separated globs over architecture names, e.g. 'timm/resnet*'")
+    p.add_argument("--exclude", default="", help="comma-separated globs to leave out")
+    p.add_argument("--sample", type=int, default=None, help="a stratified subset of N configurations")
+    p.add_argument("--seed", type=int, default=0, help="seed of --sample")
+    p.add_argument("--base", action="store_true",
+                   help="one base config (float32, train, eager) per architecture, built or not: coverage figures")
+    p.add_argument("--list", action="store_true", help="print counts per family and axis and exit")
+    p.set_defaults(func=cmd_models)

@@ -1,0 +1,136 @@
+"""The judge: the one place where verdict policy lives.
+
+Op cases, model cases, the localiser, loss curves and ``neuron-validate`` all
+ask it the same question: given what the target computed and what the CPU
+reference computed, is the target right? It answers in this order:
+
+1. **compare** (diff.compare): dtype, shape, device, NaN/inf positions, and
+   values within the dtype's tolerance. Equal enough: ``pass``.
+2. **float64 golden**: only values differ, so the float64 result is computed
+   (lazily: most cases never need it). A target more accurate than the CPU,
+   or within a small multiple of the CPU's own error against float64 (PyTorch's
+   benchmark ``same()`` rule), passes.
+3. **determinism rerun**: still different, so the reference runs again. When
+   the CPU does not reproduce its own result, the values cannot be judged:
+   the verdict is ``inconclusive`` if dtype, shape and device agree, else
+   ``mismatch``. Never a silent pass.
+
+It also holds the one classification of errors a side raised
+(:func:`classify_error`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from conformance.outcome import Status
+
+from .compare import Comparison, compare
+
+# What a backend says when it does not implement something, as opposed to failing at it.
+UNSUPPORTED_MARKERS = (
+    "not implemented for",
+    "not currently implemented",
+    "could not run 'aten::",
+    "is not supported",
+    "notimplementederror",
+    "is only supported on",
+)
+
+
+def classify_error(error: BaseException | str, error_type: str | None = None) -> Status:
+    """``unsupported`` when the target says it does not implement the thing, else ``error``."""
+    if isinstance(error, BaseException):
+        error_type = type(error).__name__
+        text = f"{error_type}: {error}"
+    else:
+        text = error
+    lowered = text.lower()
+    if error_type == "NotImplementedError" or any(m in lowered for m in UNSUPPORTED_MARKERS):
+        return Status.UNSUPPORTED
+    return Status.ERROR
+
+
+def one_line(error: BaseException | str, limit: int = 300) -> str:
+    """``Type: first line of the message``, for outcome messages."""
+    if isinstance(error, BaseException):
+        lines = str(error).strip().splitlines()
+        text = f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
+    else:
+        text = (error.strip().splitlines() or [""])[0]
+    return text[:limit]
+
+
+Lazy = Callable[[], Any]
+
+
+@dataclass(kw_only=True)
+class Judgement:
+    """Truthy when the target passes; carries the comparison that decided it."""
+
+    status: Status
+    comparison: Comparison
+    golden_used: bool = False
+    golden_error: str | None = None
+    nondeterministic: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return self.status is Status.PASS
+
+    @property
+    def message(self) -> str:
+        if self.status is Status.INCONCLUSIVE:
+            return ("the CPU reference does not reproduce its own result, so only dtype, shape and device are "
+                    "compared (they agree)")
+        return self.comparison.summary()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Judge:
+    """Judges one target result against the reference: see the module docstring.
+
+    ``tolerance``: a Tolerance or a dtype -> Tolerance function (diff.tolerances);
+    ``device``: the device type every target tensor must be on; ``rule``:
+    "values", "distribution" (random ops) or "metadata" (see diff.compare).
+    """
+
+    tolerance: Any = None
+    device: str | None = None
+    rule: str = "values"
+
+    def __call__(self, actual: Any, expected: Any, *, golden: Any | Lazy = None,
+                 reference_again: Lazy | None = None, path: str = "output") -> Judgement:
+        """``golden``: the float64 result, or a function that computes it when needed (its failure is
+        noted, not raised); ``reference_again``: a function that runs the reference once more."""
+        options = dict(tolerance=self.tolerance, device=self.device, path=path)
+        result = compare(actual, expected, rule=self.rule, **options)
+        if result:
+            return Judgement(status=Status.PASS, comparison=result)
+        judgement = Judgement(status=Status.MISMATCH, comparison=result)
+        if not all(m.kind in ("values", "nonfinite") for m in result.mismatches):
+            return judgement  # a wrong dtype, shape, device or structure is wrong whatever float64 says
+        value = golden
+        if callable(golden):
+            try:
+                value = golden()
+            except Exception as exc:  # noqa: BLE001 - no golden: judged against the reference alone
+                value = None
+                judgement.golden_error = one_line(exc)
+        if value is not None:
+            judgement.golden_used = True
+            judgement.comparison = compare(actual, expected, golden=value, rule=self.rule, **options)
+            if judgement.comparison:
+                judgement.status = Status.PASS
+                return judgement
+        if reference_again is not None:
+            again = reference_again()
+            if again is not None and not compare(again, expected, rule="values", tolerance=self.tolerance):
+                judgement.nondeterministic = True
+                judgement.comparison = compare(actual, expected, rule="metadata", **options)
+                judgement.status = Status.INCONCLUSIVE if judgement.comparison else Status.MISMATCH
+        return judgement
+
+
+__all__ = ["Judge", "Judgement", "UNSUPPORTED_MARKERS", "classify_error", "one_line"]

@@ -1,0 +1,249 @@
+"""The entry point: run the model on every side with module recording, then compare layer by layer."""
+
+from __future__ import annotations
+
+import math
+import os
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from ..judge import Judge, one_line
+from ..sides import call_model, run_model
+from ..tolerances import TolerancePolicy
+from .drill import locate_op
+from .recorder import DEFAULT_RECORD_BYTES, Call, Recorder
+from .results import LayerError, Localization, ReferenceFailure, TargetFailure
+from .source import SourceLine, exception_frames, find_source
+from .tracer import OpTracer, cpu_copy, tensors
+
+LossFn = Callable[[Any], torch.Tensor]
+
+
+@dataclass(slots=True)
+class SideRun:
+    calls: list[Call]
+    output: list[torch.Tensor] | None = None  # the output's tensors, copied to the CPU
+    param_grads: dict[str, torch.Tensor] | None = None
+    error: BaseException | None = None
+    error_phase: str = "forward"
+    error_module: str | None = None
+    tracer: OpTracer | None = None
+    truncated: bool = False
+
+
+def run_side(model: torch.nn.Module, args, kwargs, *, device, double: bool, loss_fn, grad_output, trace: bool,
+             source_files, max_bytes: int, call: Callable | None) -> SideRun:
+    """One side of the localisation: the model's forward with every module's output recorded (and every ATen
+    op traced, on the target), then its backward from the loss or the given output gradient."""
+    tracer = OpTracer(source_files=source_files) if trace else None
+    recorders: list[Recorder] = []
+
+    @contextmanager
+    def instrument(m):
+        recorder = Recorder(m, tracer=tracer, max_bytes=max_bytes)
+        recorders.append(recorder)
+        if tracer is not None:
+            tracer.module_of = recorder.current
+        try:
+            with tracer if tracer is not None else nullcontext():
+                yield
+        finally:
+            recorder.remove()  # module hooks only: the gradient hooks on outputs stay for the backward pass
+
+    run = run_model(
+        model, device=device, dtype=torch.float64 if double else None, inputs=(tuple(args), dict(kwargs)),
+        forward=lambda m, batch: (call or _call)(m, *batch),
+        loss=(lambda out, batch: loss_fn(out)) if loss_fn is not None else None, grad_output=grad_output,
+        instrument=instrument, keep_output=lambda out: [cpu_copy(t) for t in tensors(out)], capture_errors=True,
+        loss_optional=True)
+    recorder = recorders[0] if recorders else None
+    side = SideRun(calls=recorder.calls if recorder else [], output=run.outputs, tracer=tracer,
+                   truncated=bool(recorder and recorder.truncated))
+    if run.error is not None:
+        side.error = run.error
+        side.error_phase = "forward" if run.error_phase == "forward" else "backward"
+        side.error_module = recorder.current() if recorder and side.error_phase == "forward" else None
+        return side
+    if run.grads is not None:
+        side.param_grads = {n: cpu_copy(g) for n, g in run.grads.items() if g is not None}
+    return side
+
+
+def _call(model, args, kwargs):
+    return call_model(model, (args, kwargs))
+
+
+def localize(
+    model: torch.nn.Module,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    *,
+    target_device: str | torch.device,
+    reference_device: str | torch.device = "cpu",
+    loss_fn: LossFn | None = None,
+    grad_output: Any = None,
+    tolerance=None,
+    golden: bool = True,
+    drill: bool = True,
+    source_files: Iterable[str] = (),
+    max_record_bytes: int = DEFAULT_RECORD_BYTES,
+    call: Callable[[torch.nn.Module, tuple, dict], Any] | None = None,
+) -> Localization:
+    """Compares ``model(*args, **kwargs)`` module by module on the target against the reference.
+
+    ``model`` is left untouched (every side runs a deep copy). The backward
+    pass starts from ``loss_fn(output)`` (a scalar) or, where the loss is not
+    known (an unchanged training script), from ``grad_output``, the gradient
+    the script's own loss sent into the output: a list aligned with the
+    output's floating-point tensors in pytree order, None where none flowed;
+    with neither, only the forward pass is compared. ``tolerance`` is a dtype -> Tolerance function
+    (default: the model-scope policy). ``source_files`` are the user's files,
+    preferred when naming an op's source line. Raises ReferenceFailure when
+    the model fails on the reference.
+    """
+    kwargs = dict(kwargs or {})
+    args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
+    tol = tolerance or TolerancePolicy().for_dtype(type(model).__name__, scope="model")
+    files = tuple(os.path.abspath(f) for f in source_files)
+    common = dict(loss_fn=loss_fn, grad_output=grad_output, source_files=files, max_bytes=max_record_bytes, call=call)
+    target_device = torch.device(target_device)
+    result = Localization()
+
+    ref = run_side(model, args, kwargs, device=reference_device, double=False, trace=False, **common)
+    if ref.error is not None:
+        source = find_source(exception_frames(ref.error), frozenset(files))
+        where = f" in {ref.error_module}" if ref.error_module else ""
+        raise ReferenceFailure(f"the model raised on the reference{where} ({ref.error_phase}): {one_line(ref.error)}",
+                               module=ref.error_module, source=source)
+    again = run_side(model, args, kwargs, device=reference_device, double=False, trace=False,
+                     **{**common, "loss_fn": None, "grad_output": None})
+    ref_out, again_out = ref.output or [], again.output or []
+    result.reference_deterministic = len(ref_out) == len(again_out) and all(
+        torch.equal(a, b) for a, b in zip(ref_out, again_out) if a.dtype == b.dtype)
+    if not result.reference_deterministic:
+        result.notes.append("two reference runs differ: the model draws random numbers or is not deterministic in forward")
+
+    gold = None
+    if golden:
+        gold = run_side(model, args, kwargs, device="cpu", double=True, trace=False, **common)
+        if gold.error is not None:
+            result.notes.append(f"no float64 golden: the model fails in float64 ({one_line(gold.error)})")
+            gold = None
+    result.golden = gold is not None
+
+    tgt = run_side(model, args, kwargs, device=target_device, double=False, trace=True, **common)
+    result.trace = list(tgt.tracer.events) if tgt.tracer else []
+    if tgt.truncated or ref.truncated:
+        result.notes.append(f"module outputs beyond {max_record_bytes >> 20} MiB were not kept")
+    if tgt.error is not None:
+        failing = next((e for e in reversed(result.trace) if e.failed), None)
+        result.target_failure = TargetFailure(
+            message=one_line(tgt.error), phase=tgt.error_phase, module=tgt.error_module,
+            op=failing.op if failing else None,
+            source=(failing.source if failing and failing.source else find_source(exception_frames(tgt.error), frozenset(files))),
+        )
+
+    judge = Judge(tolerance=tol)
+    compare_layers(result, ref, tgt, gold, judge)
+    if tgt.error is None:
+        result.outputs = judge(tgt.output or [], ref_out, golden=gold.output if gold else None).comparison
+        if ref.param_grads is not None and tgt.param_grads is not None:
+            result.gradients = judge(tgt.param_grads, ref.param_grads,
+                                     golden=gold.param_grads if gold and gold.param_grads else None,
+                                     path="grad").comparison
+    if drill and result.target_failure is None:
+        first = result.first_forward
+        phase, name, call_index = None, None, 0
+        if first is not None:
+            phase, name, call_index = "forward", first.module, first.call
+        elif result.backward_culprit is not None:
+            phase, name = "backward", result.backward_culprit
+            call_index = result.backward_culprit_call
+        if phase is not None:
+            sources: dict[tuple[str | None, str], SourceLine] = {}
+            for event in result.trace:
+                if event.source is not None:
+                    sources.setdefault((event.module, event.op), event.source)
+            result.ops = locate_op(model, args, kwargs, name=name, call=call_index, phase=phase, ref=ref,
+                                   target_device=target_device, reference_device=reference_device, golden=golden,
+                                   judge=judge, files=files, call_fn=call, sources=sources)
+    return result
+
+
+def compare_layers(result: Localization, ref: SideRun, tgt: SideRun, gold: SideRun | None, judge: Judge) -> None:
+    n = min(len(ref.calls), len(tgt.calls))
+    gold_ok = gold is not None and [(c.name, c.call) for c in gold.calls] == [(c.name, c.call) for c in ref.calls]
+    if gold is not None and not gold_ok:
+        result.notes.append("the float64 golden run took another path through the modules; layers compared against the reference only")
+    forward: list[LayerError] = []
+    for i in range(n):
+        r, t = ref.calls[i], tgt.calls[i]
+        if (r.name, r.call) != (t.name, t.call):
+            result.notes.append(f"the target ran {t.name} where the reference ran {r.name} (module call {i}); "
+                                "later layers are not compared")
+            n = i
+            break
+        g = gold.calls[i] if gold_ok else None
+        forward.append(layer_error(r, "forward", r.outputs, t.outputs, g.outputs if g else None, judge))
+    backward: list[LayerError] = []
+    have_grads = any(x is not None for c in ref.calls for x in c.grads)
+    if have_grads and tgt.error is None:
+        for i in reversed(range(n)):
+            r, t = ref.calls[i], tgt.calls[i]
+            if all(x is None for x in r.grads):
+                continue
+            g = gold.calls[i] if gold_ok else None
+            backward.append(layer_error(r, "backward", r.grads, t.grads, g.grads if g else None, judge))
+    result.layers = forward + backward
+    result.first_forward = next((x for x in forward if not x.ok), None)
+    if result.first_forward is None:
+        result.first_backward = next((x for x in backward if not x.ok), None)
+        if result.first_backward is not None:
+            # The wrong gradient into D's output was computed by the backward of the module that ran
+            # right after D in the forward pass (completion order): drill into that one.
+            index = next(i for i in range(n) if (ref.calls[i].name, ref.calls[i].call) ==
+                         (result.first_backward.module, result.first_backward.call))
+            after = ref.calls[index + 1] if index + 1 < n else None
+            if after is not None:
+                result.backward_culprit = after.name
+                result.backward_culprit_call = after.call
+
+
+def layer_error(r: Call, phase: str, rv, tv, gv, judge: Judge) -> LayerError:
+    pairs = [(a, b, (gv[j] if gv is not None and j < len(gv) else None))
+             for j, (a, b) in enumerate(zip(tv, rv)) if a is not None and b is not None]
+    if not pairs:
+        return LayerError(module=r.name, type=r.type, call=r.call, phase=phase, ok=True, max_abs=0.0,
+                          rel_error=0.0, reference_rel_error=math.nan)
+    actual = [a for a, _, _ in pairs]
+    expected = [b for _, b, _ in pairs]
+    golden = [c for _, _, c in pairs] if gv is not None and all(c is not None for _, _, c in pairs) else None
+    verdict = judge(actual, expected, golden=golden, path=r.name)
+    against = golden if golden is not None else expected
+    return LayerError(
+        module=r.name, type=r.type, call=r.call, phase=phase, ok=bool(verdict),
+        max_abs=verdict.comparison.worst.get("max_abs", 0.0),
+        rel_error=relative_error(actual, against),
+        reference_rel_error=relative_error(expected, golden) if golden is not None else math.nan,
+        message="" if verdict else verdict.message,
+    )
+
+
+def relative_error(values: Sequence[torch.Tensor | None], against: Sequence[torch.Tensor | None]) -> float:
+    """RMS of ``values - against`` over the RMS of ``against``, across all real float leaves (finite elements)."""
+    sq_err = sq_ref = 0.0
+    count = 0
+    for a, b in zip(values, against):
+        if a is None or b is None or a.shape != b.shape or not b.is_floating_point() or not b.numel():
+            continue
+        a64, b64 = a.to(torch.float64), b.to(torch.float64)
+        finite = torch.isfinite(a64) & torch.isfinite(b64)
+        sq_err += float(((a64 - b64)[finite] ** 2).sum())
+        sq_ref += float((b64[finite] ** 2).sum())
+        count += int(finite.sum())
+    if count == 0:
+        return 0.0
+    return math.sqrt(sq_err / sq_ref) if sq_ref > 0 else (0.0 if sq_err == 0 else math.inf)

@@ -1,0 +1,106 @@
+"""Source lines: where in the user's code an op was called."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The harness's own packages: an op called from them is not the user's.
+_HARNESS_DIRS = tuple(os.path.join(_PROJECT, d) + os.sep for d in ("diff", "conformance", "emulator", "runner", "validate"))
+_STDLIB_DIRS = tuple({sysconfig.get_paths()["stdlib"] + os.sep, sysconfig.get_paths()["platstdlib"] + os.sep})
+_LIBRARY_DIRS = (_TORCH_DIR, *_HARNESS_DIRS, *_STDLIB_DIRS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceLine:
+    """Where in the user's code an op was called."""
+
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{_short_path(self.file)}:{self.line} in {self.function}"
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "line": self.line, "function": self.function, "text": str(self)}
+
+
+def _short_path(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return rel if not rel.startswith("..") else path
+
+
+def _is_library(filename: str) -> bool:
+    return filename.startswith(_LIBRARY_DIRS) or filename.startswith("<")
+
+
+def find_source(frames: Iterable[tuple[str, int, str]], source_files: frozenset[str]) -> SourceLine | None:
+    """The innermost frame in the user's files, else the innermost frame outside torch, the harness and the stdlib.
+
+    ``frames`` run from the innermost outward.
+    """
+    fallback = None
+    for filename, line, function in frames:
+        if filename in source_files:
+            return SourceLine(file=filename, line=line, function=function)
+        if fallback is None and not _is_library(filename):
+            fallback = SourceLine(file=filename, line=line, function=function)
+    return fallback
+
+
+def _python_frames(start) -> Iterable[tuple[str, int, str]]:
+    frame = start
+    while frame is not None:
+        yield os.path.abspath(frame.f_code.co_filename), frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+
+
+def _traceback_frames(text: str) -> list[tuple[str, int, str]]:
+    """Frames of an anomaly-mode traceback string, innermost first."""
+    frames = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith('File "'):
+            try:
+                name, rest = line[6:].split('", line ', 1)
+                number, _, function = rest.partition(", in ")
+                frames.append((os.path.abspath(name), int(number), function.strip()))
+            except ValueError:
+                continue
+    return frames[::-1]
+
+
+def current_source(source_files: frozenset[str]) -> SourceLine | None:
+    """The user's source line of the op running now (forward), or of the forward op behind a backward node."""
+    node = torch._C._current_autograd_node()
+    if node is not None:
+        tb = node.metadata.get("traceback_") if hasattr(node, "metadata") else None
+        if isinstance(tb, (list, tuple)):  # anomaly mode keeps traceback.format_stack()'s lines
+            tb = "".join(tb)
+        if isinstance(tb, str):
+            return find_source(_traceback_frames(tb), source_files)
+        return None
+    return find_source(_python_frames(sys._getframe(2)), source_files)
+
+
+
+def exception_frames(exc: BaseException) -> list[tuple[str, int, str]]:
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((os.path.abspath(tb.tb_frame.f_code.co_filename), tb.tb_lineno, tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    return frames[::-1]
+
+

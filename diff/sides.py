@@ -1,0 +1,284 @@
+"""Running one side: moving values to a device, and running a model there.
+
+Every comparison runs the same computation on two or three sides: the
+target, the CPU reference, and a float64 golden on the CPU. What a side does
+is always the same, so it is written once:
+
+- :func:`to_device`: fresh copies of every tensor in a nested value, on a
+  device, optionally in another floating dtype or with the very same strides
+  and storage offset (a kernel may take another path for another layout);
+- :func:`run_model`: a copy of a model on a device (and dtype), its forward
+  pass, loss and backward, K optimizer steps, its outputs, losses,
+  gradients and parameters; errors captured with the phase they happened in.
+
+Op cases, model cases, the localiser, loss curves and ``neuron-validate``
+all use these, so "the same inputs on every side" means the same thing
+everywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Mapping
+
+import torch
+from torch.utils._pytree import tree_map
+
+DtypeMap = Mapping[torch.dtype, torch.dtype]
+
+
+def same_layout_copy(t: torch.Tensor, device) -> torch.Tensor:
+    """A copy on ``device`` with the same sizes, strides and storage offset.
+
+    Kernels may take another code path for another layout (vectorised or
+    not), and with extreme values that changes results, so the target must
+    see the very layout the reference saw: non-contiguous, transposed,
+    expanded or channels-last.
+    """
+    if t.layout != torch.strided:
+        return t.to(device)
+    if t.is_conj():
+        return same_layout_copy(t.conj(), device).conj()
+    if t.is_neg():
+        return same_layout_copy(t._neg_view(), device)._neg_view()
+    numel = t.untyped_storage().nbytes() // t.element_size()
+    if numel == 0:
+        return t.to(device)
+    whole = torch.as_strided(t, (numel,), (1,), 0).to(device, copy=True)
+    return whole.as_strided(t.size(), t.stride(), t.storage_offset())
+
+
+def _redirects(value, from_type: str) -> bool:
+    """A device argument of type ``from_type`` (``torch.device`` or a string such as "cpu")."""
+    if isinstance(value, torch.device):
+        return value.type == from_type
+    if isinstance(value, str) and value.split(":")[0] == from_type:
+        try:
+            return torch.device(value).type == from_type
+        except RuntimeError:
+            return False
+    return False
+
+
+def to_device(value: Any, device=None, dtype: torch.dtype | DtypeMap | None = None, *, same_layout: bool = False,
+              requires_grad: bool | None = None, redirect: str | None = None) -> Any:
+    """Fresh, detached copies of the tensors in a nested value, on ``device`` (None: each tensor's own).
+
+    ``dtype``: floating (and complex) tensors are cast to it; a mapping casts
+    only the dtypes it names (float32 -> float64 for a golden run).
+    ``same_layout``: keep strides and storage offset where the dtype is kept.
+    ``requires_grad``: None keeps each floating tensor's flag.
+    ``redirect``: device arguments of this type (``x.to("cpu")`` in a sample
+    made on the CPU) are redirected to ``device``.
+    """
+    target = None if device is None else torch.device(device)
+
+    def cast_to(t: torch.Tensor) -> torch.dtype:
+        if dtype is None or not (t.is_floating_point() or t.is_complex()):
+            return t.dtype
+        if isinstance(dtype, torch.dtype):
+            return dtype if t.is_floating_point() else t.dtype
+        return dtype.get(t.dtype, t.dtype)
+
+    def move(v):
+        if redirect is not None and target is not None and _redirects(v, redirect):
+            return target if isinstance(v, torch.device) else str(target)
+        if not isinstance(v, torch.Tensor):
+            return v
+        flag = v.requires_grad if requires_grad is None else requires_grad
+        where = v.device if target is None else target
+        want = cast_to(v)
+        v = v.detach()
+        out = same_layout_copy(v, where) if want == v.dtype and same_layout else v.to(device=where, dtype=want, copy=True)
+        if out.is_floating_point() or out.is_complex():
+            out.requires_grad_(flag)
+        return out
+
+    return tree_map(move, value)
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype | None):
+    """Factory calls without a dtype (``torch.zeros(n)``) make ``dtype`` while active: a float64 golden run's
+    model code must not silently compute parts in float32."""
+    if dtype is None or not dtype.is_floating_point:
+        yield
+        return
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def side_model(model: torch.nn.Module, device, dtype: torch.dtype | None = None, *, copy_model: bool = True):
+    """The model as one side runs it: a deep copy (unless told to use it), on ``device``, in ``dtype``."""
+    m = copy.deepcopy(model) if copy_model else model
+    if dtype is not None:
+        m = m.to(dtype)
+    return m.to(device)
+
+
+def plain_outputs(value: Any, depth: int = 0) -> Any:
+    """Model outputs as nested dicts/lists of detached tensors (HF ModelOutputs become dicts; caches are dropped)."""
+    if depth > 8:
+        return None
+    if isinstance(value, torch.Tensor):
+        return value.detach()  # an attached output's graph would keep every parameter alive
+    if isinstance(value, (bool, int, float)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        out = {str(k): plain_outputs(v, depth + 1) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [plain_outputs(v, depth + 1) for v in value]
+    return None  # caches and other objects: their content is already in the tensors we compare
+
+
+def call_model(model, inputs) -> Any:
+    """``model(*args, **kwargs)`` for inputs given as (args, kwargs), a dict of keyword arguments, or one value."""
+    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[1], dict) and isinstance(inputs[0], tuple):
+        return model(*inputs[0], **inputs[1])
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    return model(inputs)
+
+
+@dataclass(kw_only=True)
+class ModelRun:
+    """What one side computed. Tensors stay on the side's device; ``error`` is set instead of raising
+    when ``capture_errors`` was asked for."""
+
+    outputs: Any = None  # the first step's output, through ``keep_output``
+    losses: list[torch.Tensor] = field(default_factory=list)  # one detached scalar per step
+    grads: dict[str, torch.Tensor | None] | None = None  # parameter gradients of the last step
+    params: dict[str, torch.Tensor] | None = None  # after the last step (with ``keep_params``)
+    step_seconds: list[float] = field(default_factory=list)
+    model: torch.nn.Module | None = None  # the side's model, as it ended
+    runner: Any = None  # what was called: the model, or the compiled model
+    error: BaseException | None = None
+    error_phase: str = ""  # forward | backward | step
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def run_model(
+    model: torch.nn.Module,
+    *,
+    device,
+    inputs: Any | Callable[[int], Any],
+    dtype: torch.dtype | None = None,
+    forward: Callable[[Any, Any], Any] = call_model,
+    loss: Callable[[Any, Any], torch.Tensor] | None = None,
+    grad_output: Any = None,
+    steps: int = 1,
+    optimizer_factory: Callable[[Any], Any] | None = None,
+    train: bool | None = None,
+    prepare: Callable[[torch.nn.Module], Any] | None = None,
+    instrument: Callable[[torch.nn.Module], ContextManager] | None = None,
+    keep_output: Callable[[Any], Any] = plain_outputs,
+    keep_params: bool = False,
+    copy_model: bool = True,
+    seed: int | None = None,
+    synchronize: Callable[[], None] | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+    capture_errors: bool = False,
+    loss_optional: bool = False,
+) -> ModelRun:
+    """Runs ``steps`` steps of ``model`` on one side.
+
+    ``inputs``: the batch (on the CPU; moved and cast here), or ``inputs(step)``.
+    ``forward(model, batch)`` returns the output; ``loss(output, batch)`` a
+    scalar, from which the backward pass runs; without a loss, a backward pass
+    starts from ``grad_output`` (gradients aligned with the output's floating
+    tensors, None where none flowed) or does not run. With an optimizer every
+    step ends with ``optimizer.step()``. ``train``: the module mode (None keeps
+    the model's own). ``prepare`` wraps the side's model (torch.compile);
+    ``instrument(model)`` is a context manager (hooks,
+    dispatch modes) around each forward. ``copy_model=False`` trains ``model`` itself.
+    ``loss_optional``: a loss that does not require grad skips the backward
+    pass instead of failing it.
+    """
+    if seed is not None:
+        torch.manual_seed(seed)
+    run = ModelRun()
+    m = side_model(model, device, dtype, copy_model=copy_model)
+    run.model = m
+    if train is not None:
+        m.train(train)
+    runner = prepare(m) if prepare is not None else m
+    run.runner = runner
+    optimizer = optimizer_factory(m.parameters()) if optimizer_factory is not None else None
+    differentiates = loss is not None or grad_output is not None
+    if differentiates:
+        m.zero_grad(set_to_none=True)  # a copied model brings the .grad of its original
+    batch_of = inputs if callable(inputs) else (lambda step: inputs)
+    for step in range(steps):
+        batch = to_device(batch_of(step), device, dtype)
+        start = time.perf_counter()
+        phase = "forward"
+        try:
+            with default_dtype(dtype):
+                with (instrument(m) if instrument is not None else nullcontext()), \
+                        (nullcontext() if differentiates else torch.no_grad()):
+                    out = forward(runner, batch)
+                if step == 0:
+                    run.outputs = keep_output(out)
+                phase = "backward"
+                did = False
+                if loss is not None:
+                    value = loss(out, batch)
+                    if not loss_optional or (isinstance(value, torch.Tensor) and value.requires_grad):
+                        value.backward()
+                        did = True
+                    if isinstance(value, torch.Tensor):
+                        run.losses.append(value.detach())
+                elif grad_output is not None:
+                    did = backward_from(out, grad_output, device, dtype)
+                del out
+            phase = "step"
+            if did:
+                run.grads = {n: (p.grad.detach() if p.grad is not None else None) for n, p in m.named_parameters()}
+            if optimizer is not None:
+                optimizer.step()
+                m.zero_grad(set_to_none=True)  # the next step's gradients are new tensors: run.grads stays valid
+            if synchronize is not None:
+                synchronize()
+        except Exception as exc:  # noqa: BLE001 - a failing side is a result, when the caller wants it so
+            if not capture_errors:
+                raise
+            run.error, run.error_phase = exc, phase
+            return run
+        run.step_seconds.append(time.perf_counter() - start)
+        if on_step is not None and run.losses:
+            on_step(step, float(run.losses[-1].float().cpu()))
+    if keep_params:
+        run.params = {n: p.detach().clone() if not copy_model else p.detach() for n, p in m.named_parameters()}
+    return run
+
+
+def float_leaves(value) -> list[torch.Tensor]:
+    from torch.utils._pytree import tree_flatten
+
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
+
+
+def backward_from(output, grad_output, device, dtype=None) -> bool:
+    """A backward pass from given gradients of the output's floating tensors; False when none apply."""
+    grads = list(grad_output) if isinstance(grad_output, (list, tuple)) else [grad_output]
+    pairs = [(o, g) for o, g in zip(float_leaves(output), grads)
+             if g is not None and o.requires_grad and g.shape == o.shape]
+    if not pairs:
+        return False
+    torch.autograd.backward([o for o, _ in pairs], [to_device(g, device, dtype).to(o.dtype) for o, g in pairs])
+    return True
+
+
+__all__ = ["ModelRun", "backward_from", "call_model", "default_dtype", "float_leaves", "plain_outputs", "run_model",
+           "same_layout_copy", "side_model", "to_device"]

@@ -1,0 +1,270 @@
+"""The emulated Neuron device: a real PrivateUse1 device named ``neuron``.
+
+Tensors live in host memory and every ATen op runs as the CPU kernel over the
+device's own bytes (see csrc/fallback.cpp), so views alias, in-place ops
+mutate, ``data_ptr`` works and autograd, optimizers, ``torch.save``,
+``torch.accelerator``, ``torch.autocast(device_type="neuron")`` and
+``torch.compile(backend="neuron")`` behave as on a real device. A numerics
+profile (profiles.py) makes it compute like a Trainium; faults (faults.py)
+break it on purpose.
+
+It registers itself through PyTorch's backend autoload entry point unless
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` or ``NEURON_VALIDATE_EMULATOR_AUTOLOAD=0``,
+and never when torch_neuronx is installed or another backend has claimed
+PrivateUse1.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import os
+import threading
+import time
+
+from .faults import FAULT_KINDS as FAULT_KIND_CODES
+from .faults import FAULTS_ENV, Fault, FaultSpecError, c10_dtype_name, format_faults, parse_faults
+from .profiles import (
+    DEFAULT_PROFILE,
+    PROFILE_ENV,
+    NumericsProfile,
+    ProfileError,
+    available_profiles,
+    resolve_profile,
+)
+
+DEVICE_NAME = "neuron"
+AUTOLOAD_ENV = "NEURON_VALIDATE_EMULATOR_AUTOLOAD"
+
+_lock = threading.Lock()
+_registered = False
+_profile: NumericsProfile | None = None
+_faults: list[Fault] = []
+_active_faults: list[bool] = []
+
+
+class EmulatorUnavailable(RuntimeError):
+    """The emulated device cannot be registered in this process."""
+
+
+def real_backend_installed() -> bool:
+    """True when the real Neuron backend (torch_neuronx) is importable."""
+    return importlib.util.find_spec("torch_neuronx") is not None
+
+
+def is_registered() -> bool:
+    return _registered
+
+
+def unavailable_reason() -> str | None:
+    """Why the emulated device cannot register here, or None if it can."""
+    import torch
+
+    if _registered:
+        return None
+    name = torch._C._get_privateuse1_backend_name()
+    if name != "privateuseone":
+        return f"PrivateUse1 is already claimed by the {name!r} backend"
+    if real_backend_installed():
+        return "torch_neuronx is installed, so the real Neuron backend owns the 'neuron' device"
+    if importlib.util.find_spec("emulator._C") is None:
+        return "the emulator's C++ part is not built (reinstall with: pip install --no-build-isolation -e .)"
+    return None
+
+
+def register(profile: str | NumericsProfile | None = None, faults: str | list[Fault] | None = None) -> None:
+    """Registers the emulated device as ``neuron`` (idempotent).
+
+    ``profile`` and ``faults`` default to the environment variables
+    NEURON_VALIDATE_EMULATOR_PROFILE and NEURON_VALIDATE_FAULTS.
+    Raises EmulatorUnavailable with the reason when it cannot register.
+    """
+    global _registered
+    import torch
+
+    with _lock:
+        if not _registered:
+            reason = unavailable_reason()
+            if reason:
+                raise EmulatorUnavailable(f"cannot register the emulated neuron device: {reason}")
+            spec = importlib.util.find_spec("emulator._C")
+            torch.ops.load_library(spec.origin)
+            torch.ops.neuron_emulator.mirror_cpu_kernels()
+            torch.utils.rename_privateuse1_backend(DEVICE_NAME)
+            from . import device_module
+
+            torch._register_device_module(DEVICE_NAME, device_module)
+            torch.utils.generate_methods_for_privateuse1_backend(
+                for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+            )
+            _registered = True
+            atexit.register(_let_autograd_threads_settle)
+            set_profile(profile if profile is not None else os.environ.get(PROFILE_ENV))
+            set_faults(faults if faults is not None else os.environ.get(FAULTS_ENV, ""))
+            return
+    if profile is not None:
+        set_profile(profile)
+    if faults is not None:
+        set_faults(faults)
+
+
+def _let_autograd_threads_settle() -> None:
+    """Gives autograd's device thread a moment, at exit, to drop its last graph task.
+
+    A backward pass on any non-CPU device runs on an autograd worker thread
+    that releases the graph task (and the Python context torch stashes in it)
+    just after the caller's backward() returns. When backward() is the
+    script's last statement, that release can land in interpreter
+    finalisation, where taking the GIL ends the thread through a forced
+    unwind and the process aborts ("terminate called without an active
+    exception"). Waiting here, with the interpreter still alive and the GIL
+    released, lets the release finish first.
+    """
+    time.sleep(0.05)
+
+
+def _require_registered() -> None:
+    if not _registered:
+        raise EmulatorUnavailable("the emulated neuron device is not registered (call emulator.register())")
+
+
+def set_profile(spec: str | NumericsProfile | None) -> NumericsProfile:
+    """Activates a numerics profile; returns it."""
+    global _profile
+    import torch
+
+    _require_registered()
+    p = resolve_profile(spec)
+    auto_cast = {"none": 0, "matmult": 1, "all": 2}[p.auto_cast]
+    cast_type = {"bf16": 0, "fp16": 1, "tf32": 2, "fp8_e4m3": 3}[p.auto_cast_type]
+    torch.ops.neuron_emulator.set_profile(
+        p.name,
+        auto_cast,
+        cast_type,
+        p.integer_matmul_fp32,
+        p.stochastic_rounding,
+        p.stochastic_rounding_seed,
+        p.approximate_activations,
+        p.activation_knots_per_unit,
+        [r[0] for r in p.activation_ranges],
+        [float(r[1]) for r in p.activation_ranges],
+        [float(r[2]) for r in p.activation_ranges],
+        list(p.fallback_ops),
+        list(p.unsupported_ops),
+        p.independent_rng,
+    )
+    _profile = p
+    return p
+
+
+def profile() -> NumericsProfile:
+    """The active numerics profile."""
+    _require_registered()
+    assert _profile is not None
+    return _profile
+
+
+def set_faults(faults: str | list[Fault] | None) -> list[Fault]:
+    """Installs faults (replacing any); returns the ones active in this process."""
+    global _faults, _active_faults
+    import torch
+
+    _require_registered()
+    parsed = parse_faults(faults) if isinstance(faults, str) or faults is None else list(faults)
+    if parsed:
+        torch.ops.neuron_emulator.mirror_ops_matching([f.op for f in parsed])
+    active = torch.ops.neuron_emulator.set_faults(
+        [FAULT_KIND_CODES[f.kind] for f in parsed],
+        [f.op for f in parsed],
+        [float(f.rel) for f in parsed],
+        [f.phase for f in parsed],
+        [c10_dtype_name(f.dtype) for f in parsed],
+        [float(f.probability) for f in parsed],
+    )
+    _faults = parsed
+    _active_faults = list(active)
+    _break_host_kernels([f for f, on in zip(parsed, _active_faults) if on and f.host])
+    return [f for f, on in zip(parsed, _active_faults) if on]
+
+
+_host_library = None
+
+
+def _break_host_kernels(faults: list[Fault]) -> None:
+    """Replaces the CPU's own kernel of each ``host=1`` fault's op with the fault (see faults.py)."""
+    global _host_library
+    import torch
+
+    if _host_library is not None:
+        _host_library._destroy()
+        _host_library = None
+    if not faults:
+        return
+    import warnings
+
+    from .faults import host_kernel
+
+    _host_library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "overriding a previously registered kernel": that is the point
+        for fault in faults:
+            _host_library.impl(fault.op.removeprefix("aten::"), host_kernel(fault.kind), "CPU")
+
+
+def faults() -> list[Fault]:
+    """Faults installed in this process, active or not."""
+    return list(_faults)
+
+
+def active_faults() -> list[Fault]:
+    return [f for f, on in zip(_faults, _active_faults) if on]
+
+
+def copy_stats() -> dict[str, int]:
+    """Host/device copy counters since the last reset."""
+    import torch
+
+    _require_registered()
+    h2d, d2h, d2d, bh2d, bd2h = torch.ops.neuron_emulator.copy_stats()
+    return {
+        "host_to_device": h2d,
+        "device_to_host": d2h,
+        "device_to_device": d2d,
+        "bytes_host_to_device": bh2d,
+        "bytes_device_to_host": bd2h,
+    }
+
+
+def reset_copy_stats() -> None:
+    import torch
+
+    _require_registered()
+    torch.ops.neuron_emulator.reset_copy_stats()
+
+
+
+__all__ = [
+    "AUTOLOAD_ENV",
+    "DEFAULT_PROFILE",
+    "DEVICE_NAME",
+    "EmulatorUnavailable",
+    "Fault",
+    "FaultSpecError",
+    "NumericsProfile",
+    "ProfileError",
+    "active_faults",
+    "available_profiles",
+    "copy_stats",
+    "faults",
+    "format_faults",
+    "is_registered",
+    "parse_faults",
+    "profile",
+    "real_backend_installed",
+    "register",
+    "reset_copy_stats",
+    "resolve_profile",
+    "set_faults",
+    "set_profile",
+    "unavailable_reason",
+]

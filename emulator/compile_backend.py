@@ -1,0 +1,118 @@
+"""``torch.compile(backend="neuron")``.
+
+With the emulated device, graphs are traced with AOTAutograd and run op by op
+on the device, so the numerics profile applies inside compiled code too. Like
+the real backend's compiled graphs, graph inputs of 64-bit types are narrowed
+on the way in (int64 through int32, float64 through float32) when the profile
+says so, each new input shape compiles a new graph, and dynamic shapes are
+refused. Every compilation is recorded in :data:`compile_events`, so a
+migration check can report recompilations and the shapes behind them.
+
+When torch_neuronx is installed this entry point hands the graph to the real
+backend's own compiler instead.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import threading
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompileEvent:
+    """One graph compilation: the input signature that caused it."""
+
+    graph_id: int
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    narrowed_inputs: tuple[int, ...]  # indices of 64-bit inputs narrowed on the way in
+
+
+compile_events: list[CompileEvent] = []
+narrowing_losses: list[str] = []  # one line per graph input whose values changed when narrowed
+_lock = threading.Lock()
+
+
+class DynamicShapesUnsupported(RuntimeError):
+    pass
+
+
+def clear_compile_events() -> None:
+    with _lock:
+        compile_events.clear()
+        narrowing_losses.clear()
+
+
+def _narrow(value, index: int, graph_id: int):
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.dtype == torch.int64:
+        narrowed = value.to(torch.int32).to(torch.int64)
+    elif value.dtype == torch.float64:
+        narrowed = value.to(torch.float32).to(torch.float64)
+    else:
+        return value
+    if not torch.equal(narrowed, value):
+        with _lock:
+            narrowing_losses.append(
+                f"graph {graph_id} input {index} ({value.dtype}, shape {tuple(value.shape)}) changed when narrowed"
+            )
+    return narrowed
+
+
+def _real_backend():
+    """The torch_neuronx compiler registered under the same name, if any."""
+    for ep in importlib.metadata.entry_points(group="torch_dynamo_backends", name="neuron"):
+        if not ep.value.startswith(__name__):
+            return ep.load()
+    raise RuntimeError(
+        "torch_neuronx is installed but registers no 'neuron' torch.compile backend that neuron-validate can find"
+    )
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    import emulator
+
+    if not emulator.is_registered():
+        return _real_backend()(gm, example_inputs, **kwargs)
+
+    import torch._dynamo
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    # The device compiles one graph per input shape: no automatic dynamic dims.
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    for value in example_inputs:
+        if isinstance(value, torch.SymInt) or (
+            isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in value.shape)
+        ):
+            raise DynamicShapesUnsupported(
+                "the neuron backend compiles static shapes only: dynamic=True is not supported"
+            )
+    narrow = emulator.profile().compile_downcast_64bit
+    tensors = [v for v in example_inputs if isinstance(v, torch.Tensor)]
+    with _lock:
+        graph_id = len(compile_events)
+        compile_events.append(
+            CompileEvent(
+                graph_id=graph_id,
+                input_shapes=tuple(tuple(int(s) for s in t.shape) for t in tensors),
+                input_dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in tensors),
+                narrowed_inputs=tuple(
+                    i for i, t in enumerate(tensors) if narrow and t.dtype in (torch.int64, torch.float64)
+                ),
+            )
+        )
+
+    def compiler(graph: torch.fx.GraphModule, _inputs):
+        def run(*args):
+            if narrow:
+                args = tuple(_narrow(a, i, graph_id) for i, a in enumerate(args))
+            return graph(*args)
+
+        return make_boxed_func(run)
+
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)(gm, example_inputs)

@@ -1,0 +1,1 @@
+"""Per-build dashboards and coverage headlines from the results store."""

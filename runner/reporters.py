@@ -1,0 +1,151 @@
+"""The suite's reporters, each a plugin on the suite hooks (hookspecs.py).
+
+- :class:`StoreWriter` records the build and every outcome in the results store, one committed
+  transaction each, so a killed run keeps everything it reported;
+- :class:`ProgressReporter` draws a progress bar on a terminal, and prints each failure in a log;
+- :class:`JsonLinesWriter` appends one JSON object per outcome to a file (``--jsonl``), for tools;
+- :class:`JUnitWriter` writes JUnit XML of the cases run (``--junit``), for CI viewers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import socket
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from conformance.outcome import FAILING, Status
+
+_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_text(text: str) -> str:
+    """XML 1.0 cannot hold control characters, which error messages sometimes do."""
+    return _INVALID_XML.sub("\ufffd", str(text))
+
+
+def junit_classname(case) -> str:
+    """How CI viewers group cases: ``op.nn.functional.gelu``, ``model.timm.resnet18``, ``script.examples``."""
+    return ".".join(p for p in (case.kind, case.family if case.kind != "op" else "", case.name) if p)
+
+
+class OnOutcome:
+    """Calls ``fn(case, outcome)`` for each outcome: a reporter written as a function (benchmarks, tests)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def case_outcome(self, run, case, outcome) -> None:
+        self.fn(case, outcome)
+
+
+class StoreWriter:
+    """Records the build once and each outcome as it arrives."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def suite_start(self, run) -> None:
+        self.store.ensure_build(run.build_id, target=run.settings.target, label=run.target_label,
+                                manifest=run.manifest)
+
+    def case_outcome(self, run, case, outcome) -> None:
+        self.store.record(run.build_id, case, outcome)
+
+
+class ProgressReporter:
+    """A rich progress bar on a terminal; in a log (not a terminal), one line per failing case."""
+
+    def __init__(self, description: str, console=None) -> None:
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        self.console = console or Console(highlight=False)
+        self.description = description
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TimeRemainingColumn(), TextColumn("{task.fields[last]}"), console=self.console,
+            disable=not self.console.is_terminal, transient=False)
+        self.task = None
+
+    def suite_start(self, run) -> None:
+        self.progress.start()
+        self.task = self.progress.add_task(self.description, total=len(run.cases), last="")
+
+    def case_outcome(self, run, case, outcome) -> None:
+        self.progress.update(self.task, advance=1, last=f"{outcome.status.value:12s} {case.title[:60]}")
+        if not self.console.is_terminal and outcome.failed:
+            self.console.print(f"  {outcome.status.value:12s} {case.title}: {outcome.message[:200]}", markup=False,
+                               soft_wrap=True)
+
+    def suite_finish(self, run, summary) -> None:
+        self.progress.stop()
+
+
+class JsonLinesWriter:
+    """One line per outcome: ``{"build": ..., "case": {...}, "case_id": ..., "outcome": {...}}``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.file = None
+
+    def suite_start(self, run) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(self.path, "a", encoding="utf-8")
+
+    def case_outcome(self, run, case, outcome) -> None:
+        record = {"build": run.build_id, "case_id": case.id, "title": case.title, "case": case.to_dict(),
+                  "outcome": outcome.to_dict()}
+        self.file.write(json.dumps(record, default=str) + "\n")
+        self.file.flush()
+
+    def suite_finish(self, run, summary) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+class JUnitWriter:
+    """JUnit XML of this run's cases: failing outcomes are failures, skips are skipped."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.rows: list = []
+
+    def case_outcome(self, run, case, outcome) -> None:
+        self.rows.append((case, outcome))
+
+    def suite_finish(self, run, summary) -> None:
+        failures = sum(o.status in FAILING for _, o in self.rows)
+        skipped = sum(o.status is Status.SKIP for _, o in self.rows)
+        total = sum(o.duration_s for _, o in self.rows)
+        name = f"neuron-conformance: {run.build_id} on {run.target_label}"
+        root = ET.Element("testsuites", name=xml_text(name), tests=str(len(self.rows)), failures=str(failures),
+                          errors="0", skipped=str(skipped), time=f"{total:.3f}")
+        suite = ET.SubElement(root, "testsuite", name=xml_text(name), tests=str(len(self.rows)),
+                              failures=str(failures), errors="0", skipped=str(skipped), time=f"{total:.3f}",
+                              timestamp=datetime.datetime.now().isoformat(timespec="seconds"),
+                              hostname=socket.gethostname())
+        props = ET.SubElement(suite, "properties")
+        for key, value in (("build", run.build_id), ("target", run.target_label)):
+            ET.SubElement(props, "property", name=key, value=xml_text(value))
+        for case, outcome in sorted(self.rows, key=lambda r: r[0].title):
+            tc = ET.SubElement(suite, "testcase", classname=xml_text(junit_classname(case)), name=xml_text(case.title),
+                               time=f"{outcome.duration_s:.3f}")
+            body = xml_text(f"case {case.id}: {outcome.status.value}\n{outcome.message}"
+                            + (f"\nreproducer: python {outcome.repro}" if outcome.repro else ""))
+            if outcome.status in FAILING:
+                el = ET.SubElement(tc, "failure", type=outcome.status.value,
+                                   message=xml_text(f"{outcome.status.value}: {outcome.message}"[:500]))
+                el.text = body
+            elif outcome.status is Status.SKIP:
+                ET.SubElement(tc, "skipped", message=xml_text(outcome.message[:500])).text = body
+        ET.indent(root)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        ET.ElementTree(root).write(self.path, encoding="utf-8", xml_declaration=True)
+
+
+__all__ = ["JUnitWriter", "JsonLinesWriter", "OnOutcome", "ProgressReporter", "StoreWriter", "junit_classname", "xml_text"]

@@ -1,0 +1,116 @@
+"""Running a suite of cases: what ``neuron-conformance ops``, ``models`` and ``scripts`` share.
+
+Shard the cases, leave out what the build already holds (``--resume``), run
+the rest on the supervisor, and tell the reporters (plugins on the suite's
+hooks, see hookspecs.py) as each outcome arrives. Writing the results store,
+progress lines, JSON lines and JUnit XML are all reporters; the suite itself
+writes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from conformance.case import Case, shard
+from conformance.outcome import FAILING, Status
+from conformance.plugins import Hooks
+from conformance.settings import RunSettings
+
+from .hookspecs import PREFIXES, SuiteHooks
+from .supervisor import Supervisor
+
+
+@dataclass(kw_only=True)
+class SuiteRun:
+    """What a suite run is about; reporters get it with every hook."""
+
+    build_id: str
+    settings: RunSettings
+    manifest: dict
+    target_label: str
+    cases: list[Case]  # the cases this run executes (after sharding and resume)
+    total: int  # the cases of the selection (after sharding)
+
+
+@dataclass(kw_only=True)
+class SuiteSummary:
+    build_id: str
+    total: int
+    ran: int
+    skipped_resume: int
+    counts: dict[str, int] = field(default_factory=dict)
+    by_dtype: dict[str, dict[str, int]] = field(default_factory=dict)
+    by_family: dict[str, dict[str, int]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def failures(self) -> int:
+        return sum(n for s, n in self.counts.items() if Status(s) in FAILING)
+
+    def add(self, case: Case, status: Status) -> None:
+        self.counts[status.value] = self.counts.get(status.value, 0) + 1
+        for table, key in ((self.by_dtype, case.dtype), (self.by_family, case.family or case.name)):
+            per = table.setdefault(key or "-", {})
+            per[status.value] = per.get(status.value, 0) + 1
+
+
+def default_build_id(target_label: str) -> str:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{target_label.split()[0]}-{stamp}-{socket.gethostname()}"
+
+
+def suite_hooks(plugins: Iterable[object] = ()) -> Hooks:
+    return Hooks(SuiteHooks, prefixes=PREFIXES, plugins=plugins)
+
+
+def run_suite(
+    cases: list[Case],
+    *,
+    settings: RunSettings,
+    build_id: str,
+    manifest: dict,
+    target_label: str,
+    plugins: Iterable[object] = (),
+    jobs: int = 1,
+    shard_spec: tuple[int, int] | None = None,
+    done: Mapping[str, Status] | None = None,
+    executor: str = "local",
+    address: str | None = None,
+) -> SuiteSummary:
+    """Runs ``cases`` and returns the build's summary.
+
+    ``done``: statuses the build already holds (``--resume``); those cases
+    are not run again, and count in the summary as recorded.
+    """
+    start = time.perf_counter()
+    hooks = suite_hooks(plugins)
+    if shard_spec:
+        cases = shard(cases, *shard_spec)
+    done = dict(done or {})
+    todo = [c for c in cases if c.id not in done]
+    run = SuiteRun(build_id=build_id, settings=settings, manifest=manifest, target_label=target_label, cases=todo,
+                   total=len(cases))
+    summary = SuiteSummary(build_id=build_id, total=len(cases), ran=0, skipped_resume=len(cases) - len(todo))
+    for case in cases:
+        if case.id in done:
+            summary.add(case, done[case.id])
+    by_id = {c.id: c for c in todo}
+    hooks.call("suite_start", run=run)
+    supervisor = Supervisor(settings, jobs=jobs, transport=executor, address=address,
+                            on_progress=lambda case, event: hooks.call("case_progress", run=run, case=case, event=event))
+    with supervisor:
+        for outcome in supervisor.run(todo):
+            case = by_id[outcome.case_id]
+            summary.ran += 1
+            summary.add(case, outcome.status)
+            hooks.call("case_outcome", run=run, case=case, outcome=outcome)
+    summary.seconds = time.perf_counter() - start
+    hooks.call("suite_finish", run=run, summary=summary)
+    return summary
+
+
+__all__ = ["SuiteRun", "SuiteSummary", "default_build_id", "run_suite", "suite_hooks"]

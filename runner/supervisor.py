@@ -1,0 +1,353 @@
+"""One supervisor for isolated execution: a case goes in, an Outcome comes out.
+
+A segfault in one op must not end a sweep (a public out-of-tree backend lost
+a whole op_db run at 93% that way). Every case runs in a worker process, and
+this module alone decides what happens when that goes wrong, whatever the
+transport (a pool of long-lived local workers, Ray actors, or a fresh
+process per case):
+
+- **timeout**: a case past ``settings.timeout_s`` is ``timeout``; its worker is stopped;
+- **crash**: a worker that dies makes its case a ``crash`` naming the signal
+  (from the exit status, or from the worker's fault-handler log where the
+  transport cannot tell), with the Python stack at the fault as evidence;
+- **memory**: the worker's hard cap (``runner.worker``) turns a case that
+  needs more memory than ``settings.rss_limit_mb`` into a ``crash`` saying so;
+- **replacement**: a dead, stopped or bloated worker is replaced and the run goes on;
+- **reference probe**: after a crash, timeout or memory overrun another
+  worker runs the case's reference side alone; when that dies, hangs or
+  overruns too, the CPU reference is at fault and the case is a ``skip``
+  with the target's outcome as evidence; otherwise that worker writes the
+  dead case's reproducer, since the dead one cannot;
+- **warm-up**: a worker reports ready only after loading what its kinds of
+  case need, so a case's timeout measures the case.
+
+``fresh=True`` gives every case a process of its own (flaky reruns,
+reproducer checks, a user script's sides), with the same rules.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Iterator, Mapping
+
+from conformance.case import Case
+from conformance.outcome import Outcome, Status
+from conformance.settings import RunSettings
+
+from .transports import Death, Transport, TransportError, make_transport
+from .worker import RECYCLE_FRACTION
+
+POLL_S = 0.25
+WORKER_START_TIMEOUT_S = 300.0
+# faulthandler's first line, per fatal signal (Python/faulthandler.c).
+FAULT_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+                 "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
+                 "Illegal instruction": "SIGILL"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """A case to run, with what only some callers need.
+
+    ``env``: the environment its process must start with (a user script's CPU
+    side runs with the backend's autoload off); only fresh processes can
+    honour it. ``repro_of``: do not run the case, only write the reproducer
+    of this outcome. ``attempt``: the caller's count (the gate's reruns).
+    """
+
+    case: Case
+    env: Mapping[str, str] = field(default_factory=dict)
+    repro_of: Outcome | None = None
+    attempt: int = 0
+
+
+@dataclass(slots=True)
+class _Slot:
+    handle: object
+    env: tuple
+    spawned: float
+    ready: bool = False
+    info: dict = field(default_factory=dict)
+    job: Job | None = None
+    verb: str | None = None  # run | probe | repro
+    outcome: Outcome | None = None  # probe / repro: the outcome being completed
+    started: float = 0.0
+    served: int = 0
+
+
+def reference_at_fault(outcome: Outcome, how: str) -> Outcome:
+    """The reference alone also crashed, hung or overran: the case cannot be judged (a skip, with the evidence)."""
+    return Outcome(
+        case_id=outcome.case_id,
+        status=Status.SKIP,
+        message=f"the CPU reference alone also {how} on this case, so the target cannot be judged "
+                f"(target outcome: {outcome.status.value}: {outcome.message})",
+        evidence={**outcome.evidence, "target_status": outcome.status.value, "reference_at_fault": True},
+        duration_s=outcome.duration_s,
+    )
+
+
+class Supervisor:
+    """Runs cases on ``jobs`` workers of a transport and yields Outcomes as they finish."""
+
+    def __init__(self, settings: RunSettings, *, jobs: int = 1, transport: str | Transport = "local",
+                 address: str | None = None, fresh: bool = False, persistent: bool = False,
+                 on_progress: Callable[[Case, dict], None] | None = None) -> None:
+        """``persistent``: keep the workers between ``run`` calls (until ``close``), as the pytest route does."""
+        if jobs < 1:
+            raise ValueError(f"jobs={jobs!r} (type=int): must be >= 1")
+        self.settings = settings
+        self.jobs = jobs
+        self.transport = make_transport(transport, address) if isinstance(transport, str) else transport
+        self.fresh = fresh
+        self.persistent = persistent
+        self.on_progress = on_progress
+        self._slots: list[_Slot] = []
+        self._crash_dir = tempfile.mkdtemp(prefix="neuron-validate-faults-")
+
+    # ---------------------------------------------------------------- workers
+    def _settings_for(self, env: Mapping[str, str]) -> RunSettings:
+        return replace(self.settings, env={**self.settings.env, **env, "NEURON_VALIDATE_CRASH_DIR": self._crash_dir})
+
+    def _spawn(self, env: Mapping[str, str] = {}) -> _Slot:
+        slot = _Slot(handle=self.transport.start(self._settings_for(env)), env=tuple(sorted(env.items())),
+                     spawned=time.monotonic())
+        self._slots.append(slot)
+        return slot
+
+    def _retire(self, slot: _Slot) -> None:
+        slot.handle.kill()
+        self._slots.remove(slot)
+        self._remove_crash_log(slot)
+
+    def _remove_crash_log(self, slot: _Slot) -> None:
+        path = slot.info.get("crash_log")
+        if path:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        for slot in list(self._slots):
+            if slot.job is None:
+                slot.handle.stop()
+            self._retire(slot)
+        self.transport.close()
+        try:
+            os.rmdir(self._crash_dir)
+        except OSError:
+            pass
+
+    def __enter__(self) -> "Supervisor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- running
+    def run(self, cases: Iterable[Case | Job]) -> Iterator[Outcome]:
+        for _, outcome in self.run_jobs(cases):
+            yield outcome
+
+    def run_one(self, case: Case | Job) -> Outcome:
+        """Runs a single case (with the same isolation) and returns its outcome."""
+        return list(self.run([case]))[-1]
+
+    def run_jobs(self, items: Iterable[Case | Job]) -> Iterator[tuple[Job, Outcome]]:
+        """Yields (job, outcome) as jobs finish; given a deque, the caller may append jobs while iterating."""
+        queue: deque = items if isinstance(items, deque) else deque(items)
+        for item in queue:
+            job = item if isinstance(item, Job) else Job(case=item)
+            if job.env and not self.fresh:
+                raise ValueError(f"{job.case.title}: a case with an environment of its own needs fresh processes")
+        followups: deque[tuple[Job, Outcome, str]] = deque()
+        try:
+            yield from self._loop(queue, followups)
+        finally:
+            if not self.persistent:
+                self.close()
+
+    def _next_job(self, queue: deque) -> Job:
+        item = queue.popleft()
+        return item if isinstance(item, Job) else Job(case=item)
+
+    def _assign(self, slot: _Slot, job: Job, verb: str, outcome: Outcome | None = None) -> None:
+        slot.job, slot.verb, slot.outcome, slot.started = job, verb, outcome, time.monotonic()
+        case = job.case.to_dict()
+        slot.handle.send(("run", case) if verb == "run" else ("probe", case) if verb == "probe"
+                         else ("repro", case, outcome.to_dict()))
+
+    def _start_work(self, queue: deque, followups: deque) -> None:
+        if self.fresh:
+            while (queue or followups) and len(self._slots) < self.jobs:
+                if followups:
+                    job, outcome, verb = followups.popleft()
+                else:
+                    job = self._next_job(queue)
+                    verb, outcome = ("repro", job.repro_of) if job.repro_of is not None else ("run", None)
+                slot = self._spawn(job.env)
+                slot.job, slot.verb, slot.outcome = job, verb, outcome  # sent once the worker is ready
+            return
+        idle = sum(1 for s in self._slots if s.job is None)
+        for _ in range(min(self.jobs - len(self._slots), len(queue) + len(followups) - idle)):
+            self._spawn()
+        for slot in self._slots:
+            if not slot.ready or slot.job is not None:
+                continue
+            if followups:
+                job, outcome, verb = followups.popleft()
+                self._assign(slot, job, verb, outcome)
+            elif queue:
+                job = self._next_job(queue)
+                if job.repro_of is not None:
+                    self._assign(slot, job, "repro", job.repro_of)
+                else:
+                    self._assign(slot, job, "run")
+
+    def _loop(self, queue: deque, followups: deque) -> Iterator[tuple[Job, Outcome]]:
+        while queue or followups or any(s.job is not None for s in self._slots):
+            self._start_work(queue, followups)
+            self.transport.wait([s.handle for s in self._slots], POLL_S)
+            now = time.monotonic()
+            for slot in list(self._slots):
+                for reply in slot.handle.receive():
+                    yield from self._on_reply(slot, reply, followups)
+                    if slot not in self._slots:
+                        break
+                if slot in self._slots:
+                    yield from self._on_clock(slot, now, followups)
+
+    # ---------------------------------------------------------------- classification
+    def _finish(self, slot: _Slot, *, keep: bool = True) -> None:
+        """The slot's request is over; a fresh worker, or one that should not be kept, goes."""
+        slot.job, slot.verb, slot.outcome = None, None, None
+        slot.served += 1
+        if self.fresh or not keep:
+            self._retire(slot)
+
+    def _replace(self, slot: _Slot) -> None:
+        self._retire(slot)
+        if not self.fresh:
+            self._spawn()
+
+    @staticmethod
+    def _failed(job: Job, outcome: Outcome, followups: deque) -> None:
+        """A crash, timeout or memory overrun: another worker probes the reference alone, then writes the reproducer."""
+        followups.append((job, outcome, "probe"))
+
+    def _on_reply(self, slot: _Slot, reply, followups: deque) -> Iterator[tuple[Job, Outcome]]:
+        if isinstance(reply, Death):
+            yield from self._on_death(slot, reply, followups)
+            return
+        verb = reply[0]
+        if verb == "ready":
+            slot.ready, slot.info = True, dict(reply[1] or {})
+            if self.fresh and slot.job is not None:
+                self._assign(slot, slot.job, slot.verb, slot.outcome)
+        elif verb == "fatal":
+            raise TransportError(f"worker failed to start: {reply[1]}")
+        elif verb == "progress":
+            if self.on_progress is not None and slot.job is not None:
+                self.on_progress(slot.job.case, reply[2])
+        elif verb == "done":
+            job, outcome = slot.job, Outcome.from_dict(reply[1])
+            if outcome.evidence.get("memory_cap"):
+                self._failed(job, outcome, followups)
+                self._finish(slot, keep=False)  # the allocator is left fragmented: a fresh worker is cheaper
+                if not self.fresh:
+                    self._spawn()
+                return
+            bloated = not self.fresh and self.settings.rss_limit_mb and \
+                slot.handle.rss_mb() > self.settings.rss_limit_mb * RECYCLE_FRACTION
+            self._finish(slot)
+            if bloated and slot in self._slots:
+                self._replace(slot)  # memory kept from earlier cases must not fail the next one
+            yield job, outcome
+        elif verb == "probed":
+            job, outcome = slot.job, slot.outcome
+            if reply[1]:  # the reference alone overran the memory cap too
+                self._finish(slot, keep=False)
+                if not self.fresh:
+                    self._spawn()
+                yield job, reference_at_fault(outcome, "exceeds the memory cap")
+            elif self.settings.artifacts_dir and not outcome.repro:
+                self._assign(slot, job, "repro", outcome)
+            else:
+                self._finish(slot)
+                yield job, outcome
+        elif verb == "repro":
+            job, outcome = slot.job, slot.outcome
+            outcome.repro = reply[1]
+            if reply[2]:
+                outcome.evidence["repro_error"] = reply[2]
+            self._finish(slot)
+            yield job, outcome
+
+    def _crash_details(self, slot: _Slot, death: Death) -> tuple[str, dict]:
+        """The signal's name and evidence, from the exit status or the worker's fault-handler log."""
+        reason, evidence = death.reason, dict(death.detail)
+        path = slot.info.get("crash_log")
+        text = ""
+        if path:
+            try:
+                with open(path, errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                text = ""
+        if text.strip():
+            evidence["fault_traceback"] = text.split("\nExtension modules:")[0][:4000]  # the stack, not the list
+            for words, name in FAULT_SIGNALS.items():
+                if f"Fatal Python error: {words}" in text:
+                    if not reason.startswith("SIG"):
+                        reason = name
+                    break
+        evidence["signal"] = reason
+        return reason, evidence
+
+    def _on_death(self, slot: _Slot, death: Death, followups: deque) -> Iterator[tuple[Job, Outcome]]:
+        if not slot.ready:
+            reason, _ = self._crash_details(slot, death)
+            raise TransportError(f"worker died while starting: {reason}")
+        reason, evidence = self._crash_details(slot, death)
+        job, verb, pending = slot.job, slot.verb, slot.outcome
+        elapsed = time.monotonic() - slot.started
+        self._replace(slot)
+        if job is None:
+            return
+        if verb == "run":
+            self._failed(job, Outcome(case_id=job.case.id, status=Status.CRASH,
+                                       message=f"worker process died: {reason}", evidence=evidence,
+                                       duration_s=elapsed), followups)
+        elif verb == "probe":
+            yield job, reference_at_fault(pending, f"dies ({reason})")
+        else:
+            pending.evidence["repro_error"] = f"reproducer writer died: {reason}"
+            yield job, pending
+
+    def _on_clock(self, slot: _Slot, now: float, followups: deque) -> Iterator[tuple[Job, Outcome]]:
+        if not slot.ready:
+            if now - slot.spawned > WORKER_START_TIMEOUT_S:
+                raise TransportError(f"worker did not start within {WORKER_START_TIMEOUT_S:.0f} s")
+            return
+        if slot.job is None or now - slot.started <= self.settings.timeout_s:
+            return
+        job, verb, pending = slot.job, slot.verb, slot.outcome
+        elapsed = now - slot.started
+        self._replace(slot)
+        if verb == "run":
+            self._failed(job, Outcome(case_id=job.case.id, status=Status.TIMEOUT,
+                                       message=f"timed out after {self.settings.timeout_s:g} s; the worker was stopped",
+                                       evidence={"timeout_s": self.settings.timeout_s}, duration_s=elapsed), followups)
+        elif verb == "probe":
+            yield job, reference_at_fault(pending, "hangs")
+        else:
+            pending.evidence["repro_error"] = "writing the reproducer timed out"
+            yield job, pending
+
+
+__all__ = ["Job", "Supervisor", "TransportError", "reference_at_fault"]

@@ -1,0 +1,333 @@
+"""How the supervisor reaches its workers: local processes over pipes, or Ray actors.
+
+A transport starts a worker with given settings, carries requests to it and
+replies back, says when it died and why, and stops it. It decides nothing
+about cases: every timeout, crash, memory and probe rule lives in the
+supervisor, so a case gets the same outcome whichever transport ran it.
+
+Both transports run the same :class:`runner.worker.Worker`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Any, Protocol
+
+from conformance.settings import RunSettings
+
+
+class TransportError(RuntimeError):
+    """The transport itself cannot run (no Ray, no cluster, workers that cannot start)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Death:
+    """The worker's process is gone; ``reason`` reads like "SIGSEGV" or "exit code 3"."""
+
+    reason: str
+    detail: dict = field(default_factory=dict)
+
+
+def signal_name(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return signal.Signals(-exitcode).name
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def rss_mb(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        try:
+            import psutil
+
+            return psutil.Process(pid).memory_info().rss / 2**20
+        except Exception:  # noqa: BLE001 - the process may be gone
+            return 0.0
+
+
+class Handle(Protocol):
+    """One worker, as the supervisor sees it."""
+
+    def send(self, request: Any) -> None: ...
+    def receive(self) -> list:  # replies available now (tuples), then a Death once the worker is gone
+        ...
+    def rss_mb(self) -> float: ...
+    def kill(self) -> None: ...
+
+
+class Transport(Protocol):
+    name: str
+
+    def start(self, settings: RunSettings) -> Handle: ...
+    def wait(self, handles: list[Handle], timeout: float) -> None:  # until one may have something, or timeout
+        ...
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------- local processes
+class _ProcessHandle:
+    def __init__(self, ctx, settings: RunSettings) -> None:
+        from .worker import worker_main
+
+        self.conn, child = ctx.Pipe()
+        # Not a daemon: a worker may itself start processes (a user script's, or a nested run's); it dies with
+        # its parent through PR_SET_PDEATHSIG instead.
+        self.process = ctx.Process(target=worker_main, args=(child, settings), daemon=False)
+        self.process.start()
+        child.close()
+        self.gone = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def send(self, request) -> None:
+        try:
+            self.conn.send(request)
+        except (OSError, BrokenPipeError):
+            pass  # it died; receive() says how
+
+    def receive(self) -> list:
+        replies = []
+        try:
+            while self.conn.poll():
+                replies.append(self.conn.recv())
+        except (EOFError, OSError):
+            pass
+        if not replies and not self.gone and not self.process.is_alive():
+            self.process.join(timeout=1)
+            self.gone = True
+            code = self.process.exitcode
+            replies.append(Death(signal_name(code), {"exitcode": code, "signal": signal_name(code)}))
+        return replies
+
+    def rss_mb(self) -> float:
+        return rss_mb(self.process.pid)
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)  # the worker leads its own process group
+            except (ProcessLookupError, PermissionError):
+                self.process.kill()
+        self.process.join(timeout=10)
+        self.conn.close()
+
+    def stop(self) -> None:
+        """Asks an idle worker to exit, then makes sure it has."""
+        if self.process.is_alive():
+            self.send(None)
+            self.process.join(timeout=5)
+        self.kill()
+
+
+class ProcessTransport:
+    """Workers are local processes started with a clean interpreter (``spawn``), talking over pipes."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self._ctx = mp.get_context("spawn")
+
+    def start(self, settings: RunSettings) -> _ProcessHandle:
+        return _ProcessHandle(self._ctx, settings)
+
+    def wait(self, handles: list[_ProcessHandle], timeout: float) -> None:
+        live = [h for h in handles if not h.gone]
+        if not live:
+            time.sleep(timeout)
+            return
+        wait([h.conn for h in live] + [h.process.sentinel for h in live], timeout=timeout)
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------- Ray actors
+NEURON_RESOURCE = "neuron_cores"  # Ray's name for AWS NeuronCores
+
+
+class _RayWorker:
+    """The worker inside a Ray actor (wrapped with ``ray.remote`` at run time).
+
+    Replies a request produces are returned together when it finishes. The
+    actor has a second concurrency group, "monitor", that answers ``rss_mb``
+    while a case runs.
+    """
+
+    def __init__(self, settings: RunSettings) -> None:
+        os.environ.update(settings.worker_env())
+        self.settings = settings
+        self.worker = None
+        self.outbox: list = []
+
+    def ready(self) -> tuple:
+        from .worker import Worker
+
+        self.worker = Worker(self.settings, self.outbox.append)
+        try:
+            return ("ready", self.worker.start())
+        except BaseException as exc:  # noqa: BLE001
+            return ("fatal", f"{type(exc).__name__}: {exc}")
+
+    def handle(self, request) -> list:
+        self.outbox.clear()
+        self.worker.handle(request)
+        return list(self.outbox)
+
+    def rss_mb(self) -> float:
+        return rss_mb(os.getpid())
+
+
+def _ray_death(exc: BaseException) -> Death:
+    """Ray cannot see the exit status of an actor's process: the signal comes from the worker's fault log
+    (the supervisor reads it); Ray's own text lists possible causes, not the cause."""
+    text = str(exc)
+    kind = re.search(r"Worker exit type: (\w+)", text)
+    return Death(f"actor died ({kind.group(1)})" if kind else "actor died", {"ray_error": text[:4000]})
+
+
+class _RayHandle:
+    def __init__(self, actor_cls, settings: RunSettings) -> None:
+        self.actor = actor_cls.remote(settings)
+        self.ref = self.actor.ready.remote()
+        self.expect_list = False
+        self.gone = False
+        self.pending_rss = None
+
+    def send(self, request) -> None:
+        if request is None:
+            return
+        self.ref = self.actor.handle.remote(request)
+        self.expect_list = True
+
+    def refs(self) -> list:
+        return [self.ref] if self.ref is not None else []
+
+    def receive(self) -> list:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        if self.ref is None or self.gone:
+            return []
+        ready, _ = ray.wait([self.ref], timeout=0)
+        if not ready:
+            return []
+        ref, self.ref = self.ref, None
+        try:
+            value = ray.get(ref)
+        except (RayActorError, GetTimeoutError) as exc:
+            self.gone = True
+            return [_ray_death(exc)]
+        except Exception as exc:  # noqa: BLE001 - a task error means the worker code itself raised
+            self.gone = True
+            return [Death(f"actor task failed: {str(exc).strip().splitlines()[-1][:200]}", {"ray_error": str(exc)[:4000]})]
+        return list(value) if self.expect_list else [value]
+
+    def rss_mb(self) -> float:
+        import ray
+
+        try:
+            return float(ray.get(self.actor.rss_mb.remote(), timeout=30))
+        except Exception:  # noqa: BLE001 - dying; its running call will say so
+            return 0.0
+
+    def kill(self) -> None:
+        import ray
+
+        self.gone = True
+        try:
+            ray.kill(self.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead
+            pass
+
+    def stop(self) -> None:
+        self.kill()
+
+
+class RayTransport:
+    """Workers are Ray actors, on a local instance or a cluster (``address``).
+
+    Each actor asks for one CPU, and for one NeuronCore where the cluster has
+    them (Ray then sets NEURON_RT_VISIBLE_CORES for the actor's process, so
+    actors never share a core). The run's environment reaches the actor
+    through ``runtime_env``, before torch is imported there. On a remote
+    cluster neuron-validate must be installed on every node.
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None) -> None:
+        self.address = address
+        self._owns_ray = False
+        self._classes: dict[tuple, Any] = {}
+        self.resources: dict[str, Any] = {}
+
+    def _connect(self):
+        try:
+            import ray
+        except ImportError:
+            raise TransportError("--executor ray needs Ray: pip install 'neuron-validate[ray]'") from None
+        if not ray.is_initialized():
+            try:
+                ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            except Exception as exc:  # noqa: BLE001 - any failure to reach the cluster is the user's to fix
+                where = f"at {self.address}" if self.address else "locally"
+                raise TransportError(f"cannot start or reach a Ray cluster {where}: {type(exc).__name__}: {exc}") from None
+            self._owns_ray = True
+        if not self.resources:
+            self.resources = {"num_cpus": 1}
+            if ray.cluster_resources().get(NEURON_RESOURCE, 0) >= 1:
+                self.resources["resources"] = {NEURON_RESOURCE: 1}
+        return ray
+
+    def start(self, settings: RunSettings) -> _RayHandle:
+        ray = self._connect()
+        env = tuple(sorted(settings.worker_env().items()))
+        if env not in self._classes:
+            actor = type("CaseActor", (_RayWorker,), {"rss_mb": ray.method(concurrency_group="monitor")(_RayWorker.rss_mb)})
+            self._classes[env] = ray.remote(
+                max_restarts=0, max_task_retries=0, max_concurrency=1, concurrency_groups={"monitor": 1},
+                runtime_env={"env_vars": dict(env)}, **self.resources,
+            )(actor)
+        return _RayHandle(self._classes[env], settings)
+
+    def wait(self, handles: list[_RayHandle], timeout: float) -> None:
+        import ray
+
+        refs = [r for h in handles for r in h.refs()]
+        if refs:
+            ray.wait(refs, num_returns=1, timeout=timeout)
+        else:
+            time.sleep(timeout)
+
+    def close(self) -> None:
+        self._classes.clear()
+        if self._owns_ray:
+            import ray
+
+            ray.shutdown()
+            self._owns_ray = False
+
+
+def make_transport(name: str, address: str | None = None) -> Transport:
+    if name == "local":
+        return ProcessTransport()
+    if name == "ray":
+        return RayTransport(address)
+    raise ValueError(f"--executor {name!r}: expected local or ray")

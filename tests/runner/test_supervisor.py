@@ -1,0 +1,112 @@
+"""The supervisor on local workers: isolation, the hard memory cap, the reference probe, the lifecycle.
+
+(The same fault set on every transport: test_transports.py.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+from conformance.outcome import Status
+from conformance.settings import RunSettings
+from op_tests.sources import OpSelection, op_cases
+from runner.supervisor import Job, Supervisor
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def case(op: str, **selection):
+    (found,) = [c for c in op_cases(OpSelection(patterns=(op,), dtypes=("float32",), directions=("forward",),
+                                                **selection)) if c.config["source"] == "opinfo"]
+    return found
+
+
+def settings(tmp_path, faults: str = "", **kw) -> RunSettings:
+    env = {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact", "NEURON_VALIDATE_FAULTS": faults}
+    return RunSettings(target="neuron", timeout_s=kw.pop("timeout_s", 300.0), warmup=("op",),
+                       artifacts_dir=str(tmp_path / "artifacts"), env=env, **kw)
+
+
+def test_the_memory_cap_is_hard_a_fast_allocation_cannot_overshoot_it(tmp_path):
+    """A kernel that grabs 6 GiB at once under a 2 GiB cap: refused at the allocation, never resident."""
+    mul = case("mul", max_samples=1)
+    with Supervisor(settings(tmp_path, "hog@aten::mul,mb=6144", rss_limit_mb=2048)) as supervisor:
+        (outcome,) = supervisor.run([mul])
+    assert outcome.status is Status.CRASH, outcome
+    assert outcome.message.startswith("exceeded the memory cap of 2048 MiB: "), outcome.message
+    assert "can't allocate memory" in outcome.message
+    # The probe ran the reference alone under the same cap, it fit, so the target is at fault and the
+    # replacement worker wrote the reproducer.
+    assert outcome.repro and Path(outcome.repro).is_file(), outcome.evidence
+    assert outcome.evidence["memory_cap"] and outcome.evidence["peak_rss_mb"] < 2048, outcome.evidence
+
+
+def test_a_cap_below_the_worker_itself_is_refused_in_one_line(tmp_path):
+    from runner.supervisor import TransportError
+
+    with pytest.raises(TransportError, match=r"--rss-limit-mb 64: below what a worker holds before its first case"):
+        list(Supervisor(settings(tmp_path, rss_limit_mb=64)).run([case("mul", max_samples=1)]))
+
+
+def test_fresh_processes_run_followups_and_repro_only_jobs(tmp_path):
+    """The gate's way: a process per job; a job may ask only for the reproducer of an earlier outcome."""
+    sort, add = case("sort", max_samples=1), case("add", max_samples=1)
+    with Supervisor(settings(tmp_path, "crash@aten::sort"), jobs=2, fresh=True) as supervisor:
+        queue = deque([Job(case=sort, attempt=1), Job(case=add, attempt=1)])
+        seen = {}
+        for job, outcome in supervisor.run_jobs(queue):
+            seen[(job.case.name, job.attempt)] = outcome
+            if job.case.name == "sort" and job.attempt == 1:
+                queue.append(Job(case=sort, attempt=2))  # appended while running, as the gate does
+        crashed = seen[("sort", 1)]
+        assert crashed.status is Status.CRASH and crashed.message == "worker process died: SIGSEGV"
+        assert seen[("sort", 2)].status is Status.CRASH and seen[("add", 1)].status is Status.PASS
+        assert "Fatal Python error: Segmentation fault" in crashed.evidence["fault_traceback"]
+        (job, again), = list(Supervisor(settings(tmp_path), fresh=True).run_jobs([Job(case=sort, repro_of=crashed)]))
+    assert job.repro_of is crashed and again.repro and Path(again.repro).is_file()
+
+
+def test_a_case_with_its_own_environment_needs_fresh_processes(tmp_path):
+    with pytest.raises(ValueError, match="needs fresh processes"):
+        list(Supervisor(settings(tmp_path)).run([Job(case=case("add"), env={"X": "1"})]))
+
+
+def test_jobs_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match=r"jobs=0 \(type=int\): must be >= 1"):
+        Supervisor(settings(tmp_path), jobs=0)
+
+
+def test_workers_die_with_a_killed_run(tmp_path):
+    """SIGKILL of the run alone (not its process group) must not leave workers computing."""
+    import psutil
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import time\n"
+        "from conformance.settings import RunSettings\n"
+        "from runner.supervisor import Supervisor\n"
+        "if __name__ == '__main__':\n"
+        "    supervisor = Supervisor(RunSettings(target='cpu'), jobs=2, persistent=True)\n"
+        "    slots = [supervisor._spawn() for _ in range(2)]\n"
+        "    ready = set()\n"
+        "    while len(ready) < 2:\n"
+        "        ready |= {i for i, s in enumerate(slots) for r in s.handle.receive() if r[0] == 'ready'}\n"
+        "        time.sleep(0.1)\n"
+        "    print(' '.join(str(s.handle.pid) for s in slots), flush=True)\n"
+        "    time.sleep(600)\n")
+    run = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    pids = [int(p) for p in run.stdout.readline().split()]
+    assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
+    run.kill()
+    run.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                                              for p in pids):
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)

@@ -1,0 +1,102 @@
+"""What the two sides' code (functions.py, training.py) share.
+
+Each side runs in a worker of the runner's supervisor as a case of kind
+``script-side`` whose config is a :class:`ChildSpec`, and returns its
+observations with the same shape, so the findings are built the same way for
+either convention. A problem with the user's script itself (it does not
+import, names no model, fails on the reference) is a :class:`ScriptProblem`:
+the command reports it in one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+class ScriptProblem(Exception):
+    """The user's script or input is at fault (exit code 2), not the target."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildSpec:
+    """What one side of a check runs: the config of its ``script-side`` case."""
+
+    script: str
+    convention: str
+    side: str  # "target" | "reference" (training convention); "both" (functions convention)
+    target: str
+    reference: str
+    mode: str = "eager"
+    steps: int | None = None
+    steps_given: bool = False  # --steps on the command line: a script without backward() is an error then
+    seed: int = 0
+    out: str = ""  # the side's folder: its stdout.txt and stderr.txt
+    script_args: tuple[str, ...] = ()
+    localize: bool = True
+    backend_modules: tuple[str, ...] = ()
+
+    def to_config(self) -> dict:
+        data = asdict(self)
+        data["script_args"] = list(self.script_args)
+        data["backend_modules"] = list(self.backend_modules)
+        return data
+
+    @classmethod
+    def from_config(cls, data: dict) -> "ChildSpec":
+        data = dict(data)
+        data["script_args"] = tuple(data.get("script_args", ()))
+        data["backend_modules"] = tuple(data.get("backend_modules", ()))
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(kw_only=True)
+class SideResult:
+    """One side's observations (see checks.py for what each key means)."""
+
+    ran: bool = False
+    error: dict | None = None
+    curve: dict | None = None
+    seconds: float = 0.0
+    fingerprints: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"ran": self.ran, "error": self.error, "curve": self.curve, "seconds": self.seconds,
+                "fingerprints": self.fingerprints, **self.extra}
+
+
+def json_ready(value: Any) -> Any:
+    """Observations as JSON would carry them: non-finite floats as None, sets and tuples as lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_ready(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def localization_observations(model, args, kwargs, *, target, reference, loss_fn=None, grad_output=None,
+                              files=(), call=None) -> dict:
+    """Runs diff.localize on the target and turns its trace into placement events; JSON-ready."""
+    from diff.localize import ReferenceFailure, localize
+
+    from .probes import placement_from_trace
+
+    try:
+        loc = localize(model, args, kwargs, target_device=target.device, reference_device=reference.device,
+                       loss_fn=loss_fn, grad_output=grad_output, source_files=files, call=call)
+    except ReferenceFailure as exc:
+        return {"localization": None, "placement_events": [],
+                "localization_error": str(exc) + (f" at {exc.source}" if exc.source else "")}
+    sources: dict[str, list[str]] = {}
+    for event in loc.trace:
+        if event.source is not None:
+            seen = sources.setdefault(event.op, [])
+            if str(event.source) not in seen and len(seen) < 3:
+                seen.append(str(event.source))
+    return {"localization": loc.to_dict(), "placement_events": placement_from_trace(loc.trace, target.device.type),
+            "op_sources": sources}

@@ -1,0 +1,97 @@
+"""The executors of user scripts, for the runner's workers.
+
+- ``script-side``: one side of a check (validate/run.py makes these cases): the functions
+  convention's process, or one side of an unchanged training script. The script's own
+  stdout and stderr go to the side's folder; the observations come back as the outcome's
+  evidence.
+- ``script``: a whole check, as one case of a suite (``neuron-conformance scripts DIR``) or a
+  gate's rerun: its sides run in fresh processes of their own, and its outcome is the verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+from conformance.case import Case
+from conformance.outcome import Outcome, Status
+from runner.executors import Executor
+
+from .common import ChildSpec, ScriptProblem, json_ready
+from .script import FUNCTIONS, ScriptError, inspect_script
+
+
+@contextmanager
+def _output_to(folder: str):
+    """The process's stdout and stderr (file descriptors 1 and 2, so C code's output too) into files."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(Path(folder) / "stdout.txt", "w") as out, open(Path(folder) / "stderr.txt", "w") as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def execute_side(case: Case, ctx) -> Outcome:
+    spec = ChildSpec.from_config(case.config)
+
+    def progress(**event) -> None:
+        ctx.progress(event)
+
+    warnings.simplefilter("default")  # as `python SCRIPT` shows them
+    with _output_to(spec.out):
+        if spec.convention == FUNCTIONS:
+            from .functions import observe
+        else:
+            from .training import observe
+        observations = observe(spec, progress)
+    return Outcome(case_id=case.id, status=Status.PASS, message=f"{spec.side} side observed",
+                   evidence={"observations": json_ready(observations)})
+
+
+def execute_script(case: Case, ctx) -> Outcome:
+    """A whole check of the script ``case.name`` against the run's target; its report goes to the artifacts."""
+    from diff.curves import CurveTolerance
+
+    from .run import ValidateOptions, problem_outcome, validate_script
+
+    try:
+        script = inspect_script(case.name)
+    except ScriptError as exc:
+        return Outcome(case_id=case.id, status=Status.SKIP, message=f"the script cannot be checked: {exc}")
+    settings = ctx.settings
+    out = (ctx.artifacts or Path("runs") / "artifacts") / "scripts" / case.id
+    steps = case.config.get("steps")
+    options = ValidateOptions(
+        script=script, target=settings.target, reference=settings.reference, mode=case.mode or "eager",
+        steps=steps, steps_given=steps is not None, seed=int(case.config.get("seed", 0)), out=out,
+        script_args=tuple(case.config.get("args", ())), timeout_s=settings.timeout_s,
+        backend_modules=settings.backend_modules, curve_tolerance=CurveTolerance(),
+        rss_limit_mb=settings.rss_limit_mb, argv=(case.name,))
+    try:
+        validation = validate_script(options, target=ctx.target, reference=ctx.reference,
+                                     on_progress=lambda side, event: ctx.progress({**event, "side": side}))
+    except ScriptProblem as exc:
+        return problem_outcome(options, exc)[1]
+    outcome = validation.outcome
+    if outcome.case_id != case.id:  # the suite's case carries what the check ran: they must agree
+        outcome.evidence["case_mismatch"] = validation.case.id
+        outcome.case_id = case.id
+    return outcome
+
+
+SIDE_EXECUTOR = Executor(kind="script-side", execute=execute_side)
+EXECUTOR = Executor(kind="script", execute=execute_script)

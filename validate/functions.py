@@ -1,0 +1,295 @@
+"""The functions convention's side: one worker process drives the reference, the golden and the target.
+
+The script is imported (not run as ``__main__``), its model and inputs built
+once on the CPU, and every side gets a copy of the same weights: the
+reference, the float64 golden, and the target (eager, and compiled in compile
+mode). Running all sides in one process keeps the localisation's drill-down,
+which reruns one module on every side with the reference's inputs, in one
+address space; the run survives a target crash because that process is a
+worker of the runner's supervisor (validate/execute.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import inspect
+import os
+import sys
+import time
+
+from .common import ChildSpec, ScriptProblem, SideResult, localization_observations
+from .probes import compile_observations, error_info, fingerprint, named_inputs, placement_scan, wide_tensors
+
+MODULE_NAME = "neuron_validate_user_script"
+DEFAULT_STEPS = 10
+
+
+def _load_module(path: str):
+    directory = os.path.dirname(path)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[MODULE_NAME] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:  # noqa: BLE001 - any failure at import is the script's
+        info = error_info(exc, files=[path], phase="import")
+        where = f" ({info['source']['text']})" if info["source"] else ""
+        if isinstance(exc, ImportError):
+            raise ScriptProblem(f"the script fails to import: {info['message']}{where}") from None
+        if isinstance(exc, SystemExit):
+            raise ScriptProblem(f"the script exited while being imported (status {exc.code})") from None
+        raise ScriptProblem(f"the script raised while being imported: {info['message']}{where}") from None
+    return module
+
+
+def _get(module, names: tuple[str, str], what: str, path: str):
+    import torch  # noqa: F401
+
+    fn_name, value_name = names
+    if hasattr(module, fn_name):
+        fn = getattr(module, fn_name)
+        if not callable(fn):
+            raise ScriptProblem(f"{fn_name} is a {type(fn).__name__}, expected a function")
+        try:
+            return fn(), f"{fn_name}()"
+        except Exception as exc:  # noqa: BLE001
+            info = error_info(exc, files=[path])
+            where = f" ({info['source']['text']})" if info["source"] else ""
+            raise ScriptProblem(f"{fn_name}() raised: {info['message']}{where}") from None
+    if hasattr(module, value_name):
+        return getattr(module, value_name), value_name
+    raise ScriptProblem(f"no {what} found: define {fn_name}() (or {value_name})")
+
+
+def _split_inputs(inputs):
+    import torch
+
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}
+    raise ScriptProblem(f"inputs are a {type(inputs).__name__}: expected a tensor, a tuple of positional "
+                        "arguments or a dict of keyword arguments")
+
+
+def _loss_callable(module, raw_inputs):
+    """loss(output) for the model: the script's loss_fn(output[, inputs]) or the zoo's output loss."""
+    fn = getattr(module, "loss_fn", None)
+    if fn is None:
+        from model_zoo.built import output_loss
+
+        return (lambda out: output_loss(out)), "the model's own loss, else the mean square of its outputs"
+    if not callable(fn):
+        raise ScriptProblem(f"loss_fn is a {type(fn).__name__}, expected a function")
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = [None]
+    if len(params) >= 2:
+        return (lambda out: fn(out, raw_inputs)), "loss_fn(output, inputs)"
+    return fn, "loss_fn(output)"
+
+
+def _neutralise_dropout(model) -> int:
+    from model_zoo.built import neutralise_dropout
+
+    return neutralise_dropout(model)
+
+
+def _pass(model, args, kwargs, device, *, double: bool, loss, prepare=None):
+    """(output tensors, parameter gradients, what was called) of one forward and backward pass, on the CPU."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    from diff.sides import run_model, to_device
+
+    run = run_model(model, device=device, dtype=torch.float64 if double else None, inputs=(tuple(args), dict(kwargs)),
+                    loss=(lambda out, batch: loss(out)) if loss is not None else None, prepare=prepare,
+                    keep_output=lambda out: [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)])
+    grads = None
+    if run.grads is not None:
+        grads = {n: to_device(g, "cpu") for n, g in run.grads.items() if g is not None}
+    return to_device(run.outputs, "cpu", requires_grad=False), grads, run.runner
+
+
+def observe(spec: ChildSpec, progress) -> dict:
+    """Runs every side in this process; the observations, or ``script_problem`` when the script is at fault."""
+    result: dict = {"convention": "functions", "notes": [], "reference": {}, "target": {}}
+    try:
+        _observe(spec, result, progress)
+    except ScriptProblem as exc:
+        result["script_problem"] = str(exc)
+    return result
+
+
+def _observe(spec: ChildSpec, result: dict, progress) -> None:
+    import torch
+
+    from conformance.target import TargetError, resolve_target
+    from diff.curves import train_curve
+
+    path = spec.script
+    files = [path]
+    try:
+        target = resolve_target(spec.target, backend_modules=spec.backend_modules)
+        reference = resolve_target(spec.reference)
+    except TargetError as exc:
+        raise ScriptProblem(str(exc)) from None
+    result["manifest"] = {"target": target.manifest(), "reference": reference.manifest()}
+    progress(side="both", phase="import")
+    module = _load_module(path)
+    model, model_from = _get(module, ("get_model", "model"), "model", path)
+    if not isinstance(model, torch.nn.Module):
+        raise ScriptProblem(f"{model_from} is a {type(model).__name__}, expected a torch.nn.Module")
+    raw_inputs, inputs_from = _get(module, ("get_inputs", "example_inputs"), "inputs", path)
+    args, kwargs = _split_inputs(raw_inputs)
+    model = model.cpu()
+    dropped = _neutralise_dropout(model)
+    if dropped:
+        result["notes"].append(f"dropout neutralised in {dropped} places so that both sides compute the same thing")
+    loss, loss_from = _loss_callable(module, raw_inputs)
+    result["model"] = {"class": type(model).__name__, "from": model_from, "inputs_from": inputs_from,
+                       "loss": loss_from, "parameters": sum(p.numel() for p in model.parameters())}
+
+    # 1. Does it run on the reference? A failure here is the script's problem.
+    progress(side="reference", phase="forward")
+    ref_side, tgt_side = SideResult(), SideResult()
+    start = time.perf_counter()
+    try:
+        ref_out, _, _ = _pass(model, args, kwargs, reference.device, double=False, loss=None)
+    except Exception as exc:  # noqa: BLE001
+        info = error_info(exc, files=files)
+        where = f" at {info['source']['text']}" if info["source"] else ""
+        hint = ""
+        text = info["message"].lower()
+        if any(w in text for w in ("shape", "size", "dimension", "mat1", "expected input")):
+            hint = f" (do the inputs from {inputs_from} have the shapes the model expects?)"
+        raise ScriptProblem(f"the model raised on the reference ({reference.describe()}): {info['message']}{where}{hint}") from None
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    steps = DEFAULT_STEPS if spec.steps is None else spec.steps
+    loss_fn = loss
+    try:
+        m = copy.deepcopy(model)
+        value = loss(m(*args, **kwargs))
+        problem = None
+        if not isinstance(value, torch.Tensor):
+            problem = f"{loss_from} returned a {type(value).__name__}, expected a scalar tensor"
+        elif value.numel() != 1:
+            problem = f"{loss_from} returned a tensor of shape {tuple(value.shape)}, expected a scalar"
+        elif not value.requires_grad:
+            problem = f"{loss_from} does not require grad (no trainable parameters reach it)"
+    except Exception as exc:  # noqa: BLE001
+        info = error_info(exc, files=files)
+        problem = f"{loss_from} raised: {info['message']}"
+    if problem or not trainable:
+        problem = problem or "the model has no trainable parameters"
+        if spec.steps_given and spec.steps:
+            raise ScriptProblem(f"--steps {spec.steps}: no loss curve can be trained: {problem}")
+        result["notes"].append(f"gradients and loss curves skipped: {problem}")
+        loss_fn, steps = None, 0
+    ref_side.ran = True
+    ref_side.seconds = time.perf_counter() - start
+    ref_side.fingerprints = {"parameters": fingerprint(model.state_dict().values()),
+                             "inputs": fingerprint(t for _, t in named_inputs(args, kwargs))}
+    tgt_side.fingerprints = dict(ref_side.fingerprints)
+
+    # 2. Does it compute the same thing on the target, and where does it first go wrong?
+    with target.track_ops() as tracker:
+        progress(side="target", phase="localize")
+        start = time.perf_counter()
+        loc = localization_observations(model, args, kwargs, target=target, reference=reference, loss_fn=loss_fn,
+                                        files=files)
+        result.update(loc)
+        failure = (loc.get("localization") or {}).get("target_failure")
+        if failure:
+            tgt_side.error = {"type": failure["message"].split(":")[0], "message": failure["message"],
+                              "source": failure["source"], "phase": failure["phase"], "module": failure["module"],
+                              "op": failure["op"]}
+        if target.compiles and not failure:
+            progress(side="target", phase="compile")
+            result["compiled"] = _compiled_check(model, args, kwargs, target=target, reference=reference,
+                                                 loss=loss_fn, files=files)
+            if result["compiled"].get("error"):
+                tgt_side.error = result["compiled"]["error"]
+        tgt_side.ran = tgt_side.error is None
+        tgt_side.seconds = time.perf_counter() - start
+
+        # 3. Does it learn the same way?
+        if steps and tgt_side.ran:
+            def batch(step):
+                return (args, kwargs)
+
+            def step_loss(m, inputs):
+                a, k = inputs
+                return loss_fn(m(*a, **k))
+
+            def on_step(side):
+                return lambda step, value: progress(side=side, phase="train", step=step + 1,
+                                                    steps=steps, loss=value)
+
+            common = dict(batch=batch, loss=step_loss, optimizer_factory=_optimizer_factory(module), steps=steps,
+                          seed=spec.seed)
+            curve = train_curve(model, device=reference.device, label=reference.describe(),
+                                on_step=on_step("reference"), **common)
+            ref_side.curve = curve.to_dict()
+            try:
+                curve = train_curve(model, device=target.device, label=target.describe(), prepare=target.prepare,
+                                    synchronize=target.synchronize, on_step=on_step("target"), **common)
+                tgt_side.curve = curve.to_dict()
+            except Exception as exc:  # noqa: BLE001 - the target failing to train is a finding
+                tgt_side.error = error_info(exc, files=files, phase="training")
+                tgt_side.ran = False
+    trace = tracker.trace
+    tgt_side.extra["fallback_ops"] = list(trace.fallback) if trace else []
+    tgt_side.extra["executed_ops"] = len(trace.executed) if trace else None
+    moved = copy.deepcopy(model).to(target.device)
+    tgt_side.extra["placement"] = placement_scan(moved, target.device.type)
+    tgt_side.extra["wide_tensors"] = wide_tensors(
+        [*named_inputs(args, kwargs), *model.named_parameters(), *model.named_buffers()])
+    if target.compiles:
+        tgt_side.extra["compile"] = compile_observations()
+    result["reference"] = ref_side.to_dict()
+    result["target"] = tgt_side.to_dict()
+
+
+def _optimizer_factory(module):
+    import torch
+
+    fn = getattr(module, "get_optimizer", None)
+    if fn is not None:
+        return fn
+    return lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9)
+
+
+def _compiled_check(model, args, kwargs, *, target, reference, loss, files) -> dict:
+    """The compiled target's outputs and gradients against the eager reference and the float64 golden."""
+    from diff import TolerancePolicy
+    from diff.judge import Judge
+
+    import functools
+
+    from diff.sides import to_device
+
+    judge = Judge(tolerance=TolerancePolicy().for_dtype(type(model).__name__, scope="model"))
+    ref_out, ref_grads, _ = _pass(model, args, kwargs, reference.device, double=False, loss=loss)
+
+    @functools.cache
+    def golden():  # only when a comparison needs it; a failure means judging against the reference alone
+        return _pass(model, args, kwargs, "cpu", double=True, loss=loss)
+
+    try:
+        out, grads, compiled = _pass(model, args, kwargs, target.device, double=False, loss=loss, prepare=target.prepare)
+        again_args, again_kwargs = to_device((tuple(args), dict(kwargs)), target.device)
+        compiled(*again_args, **again_kwargs)  # same shapes again: must not recompile
+    except Exception as exc:  # noqa: BLE001
+        return {"error": error_info(exc, files=files, phase="compile")}
+    outputs = judge(out, ref_out, golden=lambda: golden()[0]).comparison
+    gradients = (judge(grads, ref_grads, golden=lambda: golden()[1], path="grad").comparison
+                 if grads is not None else None)
+    return {"outputs": outputs.to_dict(), "gradients": gradients.to_dict() if gradients is not None else None}

@@ -1,0 +1,254 @@
+"""A migration check of one script, from options to verdict: what ``neuron-validate`` and the scripts suite run.
+
+1. **Observe.** Each side runs as a case of kind ``script-side`` on the
+   runner's supervisor, in a fresh process of its own: one process for the
+   functions convention (it drives every side), two for an unchanged training
+   script (the CPU reference with the backend's autoload off, and the
+   target), at once on half the cores each. A side that dies or hangs is
+   classified by the supervisor like any case: on the target it is a finding,
+   on the reference it is the script's problem. Live progress (training
+   steps, phases) arrives through the supervisor.
+2. **Check.** Findings from the observations (checks.py), and the verdict.
+3. **Report.** ``report.json``, ``report.html``, plots; and the check as a
+   case of kind ``script`` with its Outcome, for the results store, the gate
+   and the dashboard.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from conformance.case import Case
+from conformance.outcome import Outcome, Status
+from conformance.settings import RunSettings
+from diff.curves import CurveComparison, CurveTolerance
+from runner.supervisor import Job, Supervisor
+
+from .checks import CheckContext, curve_comparison, run_checks
+from .common import ChildSpec, ScriptProblem
+from .report import build_report, write_reports
+from .script import FUNCTIONS, ScriptInfo
+from .verdict import NOT_READY, READY_WITH_WARNINGS, Finding, verdict_of
+
+ProgressFn = Callable[[str, dict], None]  # (side, event)
+# The CPU reference must see no accelerator: no backend registers at `import torch` in its process.
+CPU_SIDE_ENV = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "NEURON_VALIDATE_EMULATOR_AUTOLOAD": "0"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValidateOptions:
+    script: ScriptInfo
+    target: str
+    reference: str = "cpu"
+    mode: str = "eager"
+    steps: int | None = None
+    steps_given: bool = False
+    seed: int = 0
+    out: Path = Path("runs/validate")
+    script_args: tuple[str, ...] = ()
+    timeout_s: float = 900.0
+    backend_modules: tuple[str, ...] = ()
+    localize: bool = True
+    curve_tolerance: CurveTolerance = CurveTolerance()
+    rss_limit_mb: int = 0  # 0: no memory cap for the script's processes
+    argv: tuple[str, ...] = ()
+
+
+@dataclass(kw_only=True)
+class Validation:
+    """A finished check: the report (as written to report.json), its verdict, and the case it is in the store."""
+
+    case: Case
+    outcome: Outcome
+    report: dict
+    findings: list[Finding] = field(default_factory=list)
+    verdict: str = NOT_READY
+    curves: CurveComparison | None = None
+
+
+def script_case(options: ValidateOptions) -> Case:
+    """The stored case of a check: the script by its path from here, with what changes what it runs."""
+    return Case(kind="script", name=options.script.display, family=options.script.convention, mode=options.mode,
+                config={"args": list(options.script_args), "steps": options.steps, "seed": options.seed},
+                seed=options.seed)
+
+
+# ---------------------------------------------------------------- observing
+def _side_case(options: ValidateOptions, side: str) -> Case:
+    spec = ChildSpec(
+        script=options.script.path, convention=options.script.convention, side=side, target=options.target,
+        reference=options.reference, mode=options.mode, steps=options.steps, steps_given=options.steps_given,
+        seed=options.seed, out=str(Path(options.out) / "work" / side), script_args=options.script_args,
+        localize=options.localize, backend_modules=options.backend_modules)
+    return Case(kind="script-side", name=options.script.path, mode=side, config=spec.to_config())
+
+
+def _describe_failure(outcome: Outcome, last: dict) -> str:
+    phase = last.get("phase", "start-up")
+    step = last.get("step")
+    during = f"during {phase}" + (f" (step {step})" if step else "")
+    if outcome.status is Status.TIMEOUT:
+        return f"did not finish within {outcome.evidence.get('timeout_s', 0):g} s ({during})"
+    signal = outcome.evidence.get("signal", "")
+    if outcome.status is Status.CRASH and signal.startswith("SIG"):
+        return f"the process was killed by {signal} {during}"
+    return f"{outcome.message} {during}"
+
+
+def observe(options: ValidateOptions, on_progress: ProgressFn | None = None) -> dict:
+    """Runs the sides and returns the merged observations; ScriptProblem for the script's own faults."""
+    import time
+
+    start = time.monotonic()
+    training = options.script.convention != FUNCTIONS
+    cores = os.cpu_count() or 1
+    settings = RunSettings(target=options.target, reference=options.reference,
+                           backend_modules=options.backend_modules, timeout_s=options.timeout_s,
+                           rss_limit_mb=options.rss_limit_mb, threads=max(1, cores // 2) if training else 0)
+    if training:
+        cpu_env = CPU_SIDE_ENV if options.reference.split(":")[0] == "cpu" else {}
+        jobs = [Job(case=_side_case(options, "reference"), env=cpu_env), Job(case=_side_case(options, "target"))]
+    else:
+        jobs = [Job(case=_side_case(options, "both"))]
+    last: dict[str, dict] = {}
+
+    def progress(case: Case, event: dict) -> None:
+        last[case.mode] = event
+        if on_progress is not None:
+            on_progress(event.get("side", case.mode), event)
+
+    seen: dict[str, dict | None] = {}
+    failed: dict[str, str] = {}
+    with Supervisor(settings, jobs=len(jobs), fresh=True, on_progress=progress) as supervisor:
+        for job, outcome in supervisor.run_jobs(jobs):
+            side = job.case.mode
+            if outcome.status is Status.PASS:
+                seen[side] = outcome.evidence["observations"]
+            else:
+                seen[side] = None
+                failed[side] = _describe_failure(outcome, last.get(side, {}))
+            if side == "reference" and _fails(options, seen[side]):
+                break  # the script's problem: the target's side is stopped, not waited for
+    for data in seen.values():
+        if data is not None and data.get("script_problem"):
+            raise ScriptProblem(data["script_problem"])
+    if not training:
+        data = seen.get("both")
+        if data is None:
+            death = failed.get("both", "no result")
+            event = last.get("both", {})
+            if event.get("side") == "target" or event.get("phase") in ("localize", "compile"):
+                data = {"convention": FUNCTIONS, "notes": [], "reference": {"ran": True},
+                        "target": {"ran": False, "crash": death}}
+            else:
+                raise ScriptProblem(f"the script's process died on the reference side: {death}")
+    else:
+        ref_data, tgt_data = seen.get("reference"), seen.get("target")
+        if ref_data is None:
+            raise ScriptProblem(f"the script's process died on the reference ({options.reference}): "
+                                f"{failed.get('reference', 'no result')}")
+        ref = ref_data.get("reference", {})
+        if tgt_data is None:
+            tgt_data = {"target": {"ran": False, "crash": failed.get("target", "no result")}, "notes": []}
+        data = {k: v for k, v in tgt_data.items() if k not in ("reference", "side", "manifest")}
+        data["convention"] = "training"
+        data["reference"] = ref
+        data["target"] = tgt_data.get("target", {})
+        data["manifest"] = {"target": tgt_data.get("manifest"), "reference": ref_data.get("manifest")}
+        data["notes"] = list(ref_data.get("notes", [])) + list(tgt_data.get("notes", []))
+        _check_training_script(options, data)
+    data["seconds"] = time.monotonic() - start
+    return data
+
+
+def _fails(options: ValidateOptions, data: dict | None) -> bool:
+    """Whether a reference result alone already makes the check a script problem."""
+    if data is None or data.get("script_problem"):
+        return True
+    if options.script.convention == FUNCTIONS:
+        return False
+    try:
+        _check_training_script(options, {"reference": data.get("reference", {})})
+    except ScriptProblem:
+        return True
+    return False
+
+
+def _check_training_script(options: ValidateOptions, data: dict) -> None:
+    """A training script that fails on the reference, names no model, or never trains when asked is the script's fault."""
+    ref = data["reference"]
+    error = ref.get("error")
+    if error:
+        where = f" ({error['source']['text']})" if error.get("source") else ""
+        if error.get("import_error"):
+            raise ScriptProblem(f"the script fails to import: {error['message']}{where}")
+        hint = ""
+        if "neuron" in error["message"].lower():
+            hint = ("; the script names the neuron device directly: pick it with torch.accelerator or a "
+                    "--device option so that the reference can run on the CPU")
+        raise ScriptProblem(f"the script fails on the reference ({options.reference}): {error['message']}{where}{hint}")
+    if not ref.get("model") and not ref.get("curve"):
+        raise ScriptProblem("no model found: the script defines no get_model() and get_inputs() (or model and "
+                            "example_inputs), and running it called no torch.nn.Module with parameters")
+    if options.steps_given and options.steps and not ref.get("curve"):
+        raise ScriptProblem(f"--steps {options.steps}: the script never called backward(), so there is no loss "
+                            "curve to compare")
+
+
+# ---------------------------------------------------------------- the check
+# Which outcome a not-ready check is, by the check of its first error.
+ERROR_STATUS = {"runs": Status.ERROR, "numerics": Status.MISMATCH, "loss-curves": Status.MISMATCH,
+                "host-fallback": Status.CPU_FALLBACK, "placement": Status.ERROR}
+
+
+def outcome_of(case: Case, verdict: str, findings: list[Finding], report_path: str | None, seconds: float) -> Outcome:
+    """The check as an Outcome: ready (with or without warnings) passes; not ready fails as its first error says."""
+    errors = [f for f in findings if f.severity == "error"]
+    warnings = [f for f in findings if f.severity == "warning"]
+    evidence = {"verdict": verdict, "findings": [f.to_dict() for f in findings][:50],
+                "artifacts": {"report": report_path} if report_path else {}}
+    if not errors:
+        message = verdict + (f": {len(warnings)} warning{'s' if len(warnings) != 1 else ''}, first: {warnings[0].title}"
+                             if verdict == READY_WITH_WARNINGS else "")
+        return Outcome(case_id=case.id, status=Status.PASS, message=message, evidence=evidence, duration_s=seconds)
+    first = errors[0]
+    status = ERROR_STATUS.get(first.check, Status.ERROR)
+    if first.check == "runs" and first.title.startswith("crashes"):
+        status = Status.CRASH
+    elif first.check == "runs" and "unsupported" in first.data.get("status", ""):
+        status = Status.UNSUPPORTED
+    where = f" ({first.where})" if first.where else ""
+    more = f" (+{len(errors) - 1} more errors)" if len(errors) > 1 else ""
+    evidence["error"] = first.title
+    return Outcome(case_id=case.id, status=status, message=f"{verdict}: {first.title}{where}{more}", evidence=evidence,
+                   duration_s=seconds)
+
+
+def validate_script(options: ValidateOptions, *, target, reference, on_progress: ProgressFn | None = None) -> Validation:
+    """Observes, checks and reports one script; raises ScriptProblem when the script itself is at fault.
+
+    ``target`` and ``reference`` are the resolved conformance.target.Targets (for labels and manifests).
+    """
+    case = script_case(options)
+    obs = observe(options, on_progress)
+    ctx = CheckContext(target=target.describe(), reference=reference.describe(), device=target.device.type,
+                       mode=options.mode, emulated=target.is_emulated, curve_tolerance=options.curve_tolerance)
+    findings = run_checks(obs, ctx)
+    verdict = verdict_of(findings)
+    curves = curve_comparison(obs, options.curve_tolerance)
+    report = build_report(obs=obs, findings=findings, verdict=verdict, script=options.script, options=options,
+                          argv=list(options.argv), curves=curves,
+                          labels={"target": target.describe(), "reference": reference.describe()})
+    write_reports(report, Path(options.out), curves)
+    outcome = outcome_of(case, verdict, findings, str(Path(options.out) / "report.json"), obs.get("seconds") or 0.0)
+    return Validation(case=case, outcome=outcome, report=report, findings=findings, verdict=verdict, curves=curves)
+
+
+def problem_outcome(options: ValidateOptions, problem: ScriptProblem) -> tuple[Case, Outcome]:
+    """A script that cannot be checked: a skip, with the reason, so the store and the dashboard show it."""
+    case = script_case(options)
+    return case, Outcome(case_id=case.id, status=Status.SKIP, message=f"the script cannot be checked: {problem}",
+                         evidence={"script_problem": str(problem)})

@@ -1,0 +1,278 @@
+"""An unchanged training script's side: the script runs as ``__main__`` in a worker process of its own.
+
+The script runs as ``python SCRIPT ARGS`` would run it, once per side, each
+side in a fresh worker process of the runner's supervisor (validate/execute.py).
+Nothing in the script is changed; this module makes the script see the
+side's device and watches it:
+
+* **device**: on the target, the emulated (or real) neuron device is
+  registered, so ``torch.accelerator.current_accelerator()`` is ``neuron``.
+  On a CPU reference the parent turns backend autoload off and the bootstrap
+  makes ``torch.accelerator`` report the CPU. A ``--device`` option the
+  script declares is filled in with the side's device, and ``{device}`` in
+  the script's arguments is replaced by it.
+* **losses**: ``torch.autograd.backward`` (which ``Tensor.backward`` calls)
+  records every scalar loss and the time of the call; with ``--steps N`` the
+  script is stopped at its N+1-th ``backward()``.
+* **the model**: ``nn.Module.__call__`` notices the first call of a module
+  with parameters that is not inside another module's call (the model). It
+  keeps a copy of the model and of the inputs of that first call, and the
+  gradient the script's loss sends into its output; after the script ends,
+  :func:`diff.localize.localize` compares that call, module by module, against
+  the CPU in this process. In compile mode that model is compiled with the
+  target's backend (``model.compile()``) before its first call; a
+  ``torch.compile`` in the script itself gets the target's backend (on the
+  eager CPU reference it becomes a no-op).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import runpy
+import sys
+import time
+
+from .common import ChildSpec, SideResult, localization_observations
+from .probes import compile_observations, error_info, fingerprint, named_inputs, placement_scan, wide_tensors
+
+
+class StopScript(BaseException):
+    """Raised at the backward() call after the last requested step (a BaseException: `except Exception` lets it pass)."""
+
+
+class _State:
+    def __init__(self, spec: ChildSpec, progress) -> None:
+        self.spec = spec
+        self.progress = progress
+        self.losses: list[float] = []
+        self.times: list[float] = []
+        self.first_call_time: float | None = None
+        self.depth = 0
+        self.captured = False
+        self.snapshot = None
+        self.inputs = None
+        self.grad_output: list = []
+        self.output_sizes: list[int] = []
+        self.root_type = ""
+        self.root_scan: dict = {}
+        self.wide: list = []
+        self.fingerprints: dict = {}
+        self.recording = True
+        self.notes: list[str] = []
+
+
+def _script_args(spec: ChildSpec, device: str, device_option: str | None) -> list[str]:
+    args = [a.replace("{device}", device) for a in spec.script_args]
+    if device_option and not any(a == device_option or a.startswith(device_option + "=") for a in args):
+        args += [device_option, device]
+    return args
+
+
+def _patch_accelerator_for_cpu(torch) -> None:
+    """The CPU reference: torch.accelerator says there is none and hands out the CPU."""
+    cpu = torch.device("cpu")
+    torch.accelerator.is_available = lambda: False
+    torch.accelerator.current_accelerator = lambda check_available=False: None if check_available else cpu
+    torch.accelerator.device_count = lambda: 0
+    torch.accelerator.synchronize = lambda device=None: None
+
+
+def _install(state: _State, torch, here) -> dict:
+    """Patches backward, Module.__call__ and torch.compile for this side's Target; returns the originals."""
+    spec = state.spec
+    originals = {"backward": torch.autograd.backward, "call": torch.nn.Module.__call__, "compile": torch.compile}
+    orig_backward, orig_call, orig_compile = originals["backward"], originals["call"], originals["compile"]
+
+    def backward(tensors, grad_tensors=None, *args, **kwargs):
+        if state.recording:
+            t = tensors if isinstance(tensors, torch.Tensor) else (
+                tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else None)
+            if isinstance(t, torch.Tensor) and t.numel() == 1:
+                if spec.steps is not None and len(state.losses) >= spec.steps:
+                    raise StopScript()
+                value = float(t.detach().float().cpu())
+                state.losses.append(value)
+                state.times.append(time.perf_counter())
+                state.progress(side=spec.side, phase="train", step=len(state.losses), steps=spec.steps, loss=value)
+        return orig_backward(tensors, grad_tensors, *args, **kwargs)
+
+    def call(self, *args, **kwargs):
+        if state.captured or state.depth or not state.recording or torch.compiler.is_compiling():
+            return orig_call(self, *args, **kwargs)
+        if not any(True for _ in self.parameters()):
+            return orig_call(self, *args, **kwargs)
+        state.captured = True
+        root = getattr(self, "_orig_mod", self)
+        _capture(state, torch, root, args, kwargs, here)
+        module = self
+        if here.compiles and not hasattr(self, "_orig_mod"):
+            self.compile(backend=here.compile_backend(), dynamic=False)
+        state.depth += 1
+        try:
+            out = orig_call(module, *args, **kwargs)
+        finally:
+            state.depth -= 1
+        if spec.side == "target":
+            from diff.sides import float_leaves, to_device
+
+            leaves = float_leaves(out)
+            state.grad_output = [None] * len(leaves)
+            state.output_sizes = [t.numel() for t in leaves]
+
+            def hook_for(j):
+                def hook(grad):
+                    if state.grad_output[j] is None:
+                        state.grad_output[j] = to_device(grad, "cpu", requires_grad=False)
+                return hook
+
+            for j, leaf in enumerate(leaves):
+                if leaf.requires_grad:
+                    leaf.register_hook(hook_for(j))
+        return out
+
+    def compile_(model=None, *args, **kwargs):
+        if spec.side == "reference" and not here.compiles:
+            if model is None:
+                return lambda m: m
+            return model
+        kwargs.setdefault("backend", here.compile_backend())
+        return orig_compile(model, *args, **kwargs) if model is not None else orig_compile(*args, **kwargs)
+
+    torch.autograd.backward = backward
+    torch.nn.Module.__call__ = call
+    torch.compile = compile_
+    return originals
+
+
+def _capture(state: _State, torch, root, args, kwargs, target) -> None:
+    """At the model's first call: a copy of it, its inputs, and what the target will do with them."""
+    from diff.sides import to_device
+
+    state.first_call_time = time.perf_counter()
+    state.root_type = type(root).__name__
+    state.fingerprints = {"parameters": fingerprint(root.state_dict().values()),
+                          "inputs": fingerprint(t for _, t in named_inputs(args, kwargs))}
+    if state.spec.side != "target":
+        return
+    state.root_scan = placement_scan(root, target.device.type)
+    state.wide = wide_tensors([*named_inputs(args, kwargs), *root.named_parameters(), *root.named_buffers()])
+    if not state.spec.localize:
+        return
+    try:
+        state.snapshot = copy.deepcopy(root)
+        state.inputs = to_device((tuple(args), dict(kwargs)), "cpu", requires_grad=False)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot be copied is still validated, without layers
+        state.notes.append(f"layer localisation skipped: the model cannot be copied ({type(exc).__name__}: {exc})")
+        state.snapshot = None
+
+
+def observe(spec: ChildSpec, progress) -> dict:
+    """Runs the script on this side and returns what was seen (``script_problem`` when the side cannot run)."""
+    from .script import inspect_script
+
+    info = inspect_script(spec.script)
+    result: dict = {"convention": "training", "notes": []}
+    side = SideResult()
+    import torch
+
+    from conformance.target import TargetError, resolve_target
+
+    try:
+        # The reference side never resolves the target: that would register the neuron device here.
+        if spec.side == "target":
+            here = resolve_target(spec.target, backend_modules=spec.backend_modules)
+        else:
+            here = resolve_target(spec.reference)
+    except TargetError as exc:
+        result["script_problem"] = str(exc)
+        return result
+    if spec.side == "reference" and here.kind == "cpu":
+        _patch_accelerator_for_cpu(torch)
+    result["manifest"] = here.manifest()
+    device = str(here.device)
+    state = _State(spec, progress)
+    sys.argv = [spec.script, *_script_args(spec, device, info.device_option)]
+    sys.path.insert(0, os.path.dirname(spec.script))
+    if here.compiles and here.is_emulated:
+        from emulator import compile_backend
+
+        compile_backend.clear_compile_events()
+    originals = _install(state, torch, here)
+    start = time.perf_counter()
+    progress(side=spec.side, phase="run")
+    stopped = False
+    with here.track_ops() as tracker:
+        try:
+            runpy.run_path(spec.script, run_name="__main__")
+        except StopScript:
+            stopped = True
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                side.error = {"type": "SystemExit", "message": f"the script exited with status {exc.code}",
+                              "source": None, "phase": _phase(state), "import_error": False}
+        except BaseException as exc:  # noqa: BLE001 - the script's failure is a result
+            side.error = error_info(exc, files=[spec.script], phase=_phase(state))
+        finally:
+            state.recording = False
+            torch.autograd.backward = originals["backward"]
+            torch.nn.Module.__call__ = originals["call"]
+            torch.compile = originals["compile"]
+    side.seconds = time.perf_counter() - start
+    side.ran = side.error is None
+    side.fingerprints = state.fingerprints
+    if state.losses:
+        first = state.first_call_time or start
+        stamps = [first, *state.times]
+        steps = [b - a for a, b in zip(stamps, stamps[1:])]
+        from diff.curves import LossCurve
+
+        side.curve = LossCurve(label=here.describe(), losses=tuple(state.losses), step_seconds=tuple(steps)).to_dict()
+    side.extra["stopped_at_steps"] = stopped
+    side.extra["model"] = {"class": state.root_type} if state.captured else None
+    if spec.side == "target":
+        trace = tracker.trace
+        side.extra["fallback_ops"] = list(trace.fallback) if trace else []
+        side.extra["executed_ops"] = len(trace.executed) if trace else None
+        side.extra["placement"] = state.root_scan or {"cpu_state": [], "plain_tensors": []}
+        side.extra["wide_tensors"] = state.wide
+        if here.compiles:
+            side.extra["compile"] = compile_observations()
+        if state.snapshot is not None:
+            progress(side="target", phase="localize")
+            grad = _upstream_gradient(state.grad_output, state.output_sizes)
+            args, kwargs = state.inputs
+            try:
+                result.update(localization_observations(state.snapshot, args, kwargs, target=here,
+                                                        reference=resolve_target("cpu"), grad_output=grad,
+                                                        files=[spec.script]))
+            except Exception as exc:  # noqa: BLE001 - localisation is evidence, never a reason to lose the run
+                result["localization_error"] = error_info(exc, files=[spec.script])["message"]
+    result["side"] = spec.side
+    result[spec.side] = side.to_dict()
+    result["notes"] += state.notes
+    return result
+
+
+def _upstream_gradient(grads: list, sizes: list[int]) -> list | None:
+    """The gradients to start the localisation's backward pass from.
+
+    When the model returns its own loss next to other outputs (Hugging Face ``output.loss``), the
+    script's ``loss.backward()`` sent 1 into the loss and the logits' gradient came from it: starting
+    from both would count the logits twice, so only the scalar outputs are kept then.
+    """
+    if not any(g is not None for g in grads):
+        return None
+    scalars = [i for i, (g, n) in enumerate(zip(grads, sizes)) if g is not None and n == 1]
+    if scalars and len(scalars) < len(grads):
+        return [g if i in scalars else None for i, g in enumerate(grads)]
+    return grads
+
+
+def _phase(state: _State) -> str:
+    if not state.captured:
+        return "before the model's first call"
+    if not state.losses:
+        return "first step"
+    return f"step {len(state.losses) + 1}"
+
