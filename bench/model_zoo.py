@@ -70,13 +70,13 @@ def stratified_part(configs: list, limit: int) -> list:
 
 def harness_run(configs: list, jobs: int, results: str, rss_limit_mb: int):
     from model_zoo.execute import model_case
-    from conformance.settings import RunSettings
+    from conformance.settings import RunSettings, default_threads
     from runner.reporters import OnOutcome, StoreWriter
     from runner.suite import run_suite
     from results.store import ResultStore
 
     settings = RunSettings(target="neuron", timeout_s=600.0, rss_limit_mb=rss_limit_mb,
-                           artifacts_dir=os.path.join(results, "artifacts"))
+                           artifacts_dir=os.path.join(results, "artifacts"), threads=default_threads(jobs))
     cases = [model_case(c) for c in configs]
     totals: dict[str, float] = {}
     findings: list[str] = []

@@ -27,13 +27,14 @@ import time
 
 
 def sweep(cases, results, build, jobs, timeout):
-    from conformance.settings import RunSettings
+    from conformance.settings import RunSettings, default_threads
     from runner.reporters import OnOutcome, StoreWriter
     from runner.suite import run_suite
     from results.store import ResultStore
 
     settings = RunSettings(target="neuron", timeout_s=timeout, artifacts_dir=os.path.join(results, "artifacts"),
-                           reference_cache=os.path.join(results, "reference_cache.sqlite"))
+                           reference_cache=os.path.join(results, "reference_cache.sqlite"), warmup=("op",),
+                           threads=default_threads(jobs))
     totals: dict[str, float] = {}
     cached = 0
 
@@ -123,7 +124,7 @@ def overhead(cases, args, results: str, cold_per_case: float | None = None) -> N
     n = min(args.loop_cases, len(cases))
     step = max(1, len(cases) // n)
     sample_cases = cases[::step][:n]
-    from conformance.settings import RunSettings
+    from conformance.settings import RunSettings, default_threads
     from runner.reporters import OnOutcome, StoreWriter
     from runner.suite import run_suite
     from results.store import ResultStore
@@ -134,7 +135,8 @@ def overhead(cases, args, results: str, cold_per_case: float | None = None) -> N
         nonlocal in_case
         in_case += sum(outcome.timings.values())
 
-    settings = RunSettings(target="neuron", timeout_s=args.timeout, artifacts_dir=os.path.join(results, "artifacts"))
+    settings = RunSettings(target="neuron", timeout_s=args.timeout, artifacts_dir=os.path.join(results, "artifacts"),
+                           warmup=("op",), threads=default_threads(1))
     start = time.perf_counter()
     with ResultStore.open(os.path.join(results, "overhead")) as store:
         run_suite(sample_cases, settings=settings, plugins=[StoreWriter(store), OnOutcome(collect)], build_id="overhead-j1", manifest={},

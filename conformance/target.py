@@ -3,8 +3,8 @@
 A target spec string has the form ``DEVICE[:MODE]``: ``cpu``, ``cpu:compile``,
 ``cuda``, ``neuron``, ``neuron:compile``, or any PrivateUse1 device name. The
 reference and the target are both Targets; the runner never asks which is
-which. Each Target knows how to move tensors and modules to its device,
-synchronise, compile, describe itself (``label``, e.g. "neuron (emulated)")
+which. Each Target knows its device (values move there with
+``diff.sides.to_device``), how to synchronise and compile, describe itself (``label``, e.g. "neuron (emulated)")
 and the environment that reproduces its results (``manifest``), and, where the
 backend offers it, which ATen ops ran natively and which ran on the host.
 """
@@ -100,15 +100,6 @@ class Target:
     @property
     def compiles(self) -> bool:
         return self.spec.mode == "compile"
-
-    def to(self, value):
-        """Moves tensors (also inside lists, tuples and dicts) and modules to the device."""
-        import torch
-        from torch.utils._pytree import tree_map
-
-        if isinstance(value, torch.nn.Module):
-            return value.to(self.device)
-        return tree_map(lambda v: v.to(self.device) if isinstance(v, torch.Tensor) else v, value)
 
     def synchronize(self) -> None:
         import torch

@@ -115,6 +115,19 @@ class Failure:
 
 
 @dataclass(slots=True, kw_only=True)
+class ScriptRow:
+    """A user script checked in this build (``neuron-validate`` or ``neuron-conformance scripts``)."""
+
+    case_id: str
+    script: str
+    mode: str
+    status: str
+    verdict: str
+    message: str
+    report: str | None  # relative URL of its report.html inside the site, or None
+
+
+@dataclass(slots=True, kw_only=True)
 class TrendRow:
     build: object
     headline: Headline
@@ -141,6 +154,7 @@ class Page:
     survey_counts: dict = field(default_factory=dict)  # family -> {status: count}
     columns: tuple[str, ...] = COLUMNS
     repro_links: dict[str, str] = field(default_factory=dict)  # case id -> reproducer inside the site
+    scripts: list[ScriptRow] = field(default_factory=list)
 
 
 class _Copier:
@@ -225,6 +239,23 @@ def _failures(store, build_id: str, copier: _Copier) -> tuple[list[Failure], int
     return failures, total
 
 
+def _scripts(store, build_id: str, copier: _Copier) -> list[ScriptRow]:
+    """Each script check of the build with its verdict, linking its report (copied: one self-contained file)."""
+    rows = []
+    for row in store.results(build_id, kind="script"):
+        outcome = row.outcome
+        report = None
+        stored = (outcome.evidence.get("artifacts") or {}).get("report")
+        if stored:
+            html = store.artifact(stored).with_suffix(".html")
+            if html.is_file():
+                report = copier.copy(html, "scripts")
+        verdict = outcome.evidence.get("verdict") or ("cannot be checked" if outcome.status.value == "skip" else "")
+        rows.append(ScriptRow(case_id=outcome.case_id, script=row.case.name, mode=row.case.mode,
+                              status=outcome.status.value, verdict=verdict, message=outcome.message, report=report))
+    return rows
+
+
 def collect(store, *, build: str, baseline: str | None, out: Path) -> Page:
     from ci.compare import compare_builds, flaky_from_reruns
 
@@ -252,6 +283,7 @@ def collect(store, *, build: str, baseline: str | None, out: Path) -> Page:
         images=_images(store, build, copier),
     )
     page.repro_links = {f.case_id: f.repro for f in failures if f.repro}
+    page.scripts = _scripts(store, build, copier)
     if page.families:
         page.survey_counts, page.survey = _survey()
     return page

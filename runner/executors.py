@@ -43,6 +43,10 @@ class Executor:
     write_repro: Callable[[Case, Outcome, object], str | None] | None = None
     # Loads what every case of the kind needs (op_db, ...), so a case's timeout measures the case.
     warmup: Callable[[], None] | None = None
+    # Whether a worker resolves the run's target and reference before it reports ready, so that a
+    # missing device stops the run at once, in one line. A side of a user script does not: its CPU side
+    # must never register the target device.
+    resolves_targets: bool = True
 
 
 def _entry_points() -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""Cache of reference-side results, keyed by (case id, torch version, reference).
+"""Cache of reference-side results, keyed by (case id, torch version, reference and its threads).
 
 The reference (CPU, plus its float64 golden) does not change between backend
 builds, so a second build's run executes only the target side; an entry may
@@ -45,6 +45,12 @@ def _tensor_bytes(value: Any) -> int:
     from torch.utils._pytree import tree_leaves
 
     return sum(t.numel() * t.element_size() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+
+
+def reference_key(reference: str, threads: int) -> str:
+    """What the reference is, for the cache: its spec and its intra-op threads (a reduction split over
+    more threads can round differently)."""
+    return f"{reference}/threads={threads}"
 
 
 class ReferenceCache:

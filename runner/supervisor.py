@@ -39,7 +39,7 @@ from conformance.outcome import Outcome, Status
 from conformance.settings import RunSettings
 
 from .transports import Death, Transport, TransportError, make_transport
-from .worker import RECYCLE_FRACTION
+from .worker import CRASH_DIR_ENV, RECYCLE_FRACTION
 
 POLL_S = 0.25
 WORKER_START_TIMEOUT_S = 300.0
@@ -68,7 +68,6 @@ class Job:
 @dataclass(slots=True)
 class _Slot:
     handle: object
-    env: tuple
     spawned: float
     ready: bool = False
     info: dict = field(default_factory=dict)
@@ -110,12 +109,14 @@ class Supervisor:
         self._crash_dir = tempfile.mkdtemp(prefix="neuron-validate-faults-")
 
     # ---------------------------------------------------------------- workers
-    def _settings_for(self, env: Mapping[str, str]) -> RunSettings:
-        return replace(self.settings, env={**self.settings.env, **env, "NEURON_VALIDATE_CRASH_DIR": self._crash_dir})
+    def _settings_for(self, job: Job | None) -> RunSettings:
+        """A worker's settings: the run's, plus (for a fresh worker) its job's environment and kind."""
+        env = {**self.settings.env, **(job.env if job else {}), CRASH_DIR_ENV: self._crash_dir}
+        warmup = self.settings.warmup or ((job.case.kind,) if job else ())
+        return replace(self.settings, env=env, warmup=warmup)
 
-    def _spawn(self, env: Mapping[str, str] = {}) -> _Slot:
-        slot = _Slot(handle=self.transport.start(self._settings_for(env)), env=tuple(sorted(env.items())),
-                     spawned=time.monotonic())
+    def _spawn(self, job: Job | None = None) -> _Slot:
+        slot = _Slot(handle=self.transport.start(self._settings_for(job)), spawned=time.monotonic())
         self._slots.append(slot)
         return slot
 
@@ -190,7 +191,7 @@ class Supervisor:
                 else:
                     job = self._next_job(queue)
                     verb, outcome = ("repro", job.repro_of) if job.repro_of is not None else ("run", None)
-                slot = self._spawn(job.env)
+                slot = self._spawn(job)
                 slot.job, slot.verb, slot.outcome = job, verb, outcome  # sent once the worker is ready
             return
         idle = sum(1 for s in self._slots if s.job is None)

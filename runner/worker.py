@@ -89,11 +89,10 @@ class WorkerContext:
             if self.settings.reference_cache:
                 import torch
 
-                from .refcache import ReferenceCache
+                from .refcache import ReferenceCache, reference_key
 
-                # Intra-op threads can change a reduction's rounding: they are part of what the reference is.
                 cache = ReferenceCache(self.settings.reference_cache,
-                                       reference=f"{self.reference.spec}/threads={torch.get_num_threads()}")
+                                       reference=reference_key(str(self.reference.spec), torch.get_num_threads()))
             self._resolved["cache"] = cache
         return self._resolved["cache"]
 
@@ -126,7 +125,11 @@ def apply_memory_cap(limit_mb: int) -> int | None:
                          f"({resident / 2**20:.0f} MiB)")
     reserved_untouched = max(0, _vm_kib("VmData") * 1024 - resident)
     limit = limit_mb * 2**20 + reserved_untouched
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)  # a worker's own workers (a script's sides) inherit its cap as their ceiling
+    # The soft limit is the one the kernel enforces; the hard one stays, so a nested worker can set its own.
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
     return limit
 
 
@@ -255,10 +258,12 @@ class Worker:
         if self.settings.threads > 0:
             torch.set_num_threads(self.settings.threads)
         skip_seeding_unavailable_backends()
-        for kind in self.settings.warmup:
-            warm = executor_for(kind).warmup
-            if warm is not None:
-                warm()
+        executors = [executor_for(kind) for kind in self.settings.warmup]
+        if not executors or any(e.resolves_targets for e in executors):
+            self.ctx.target, self.ctx.reference  # noqa: B018 - resolved now: a missing device fails the start
+        for executor in executors:
+            if executor.warmup is not None:
+                executor.warmup()
         limit = apply_memory_cap(self.settings.rss_limit_mb)
         return {"pid": os.getpid(), "host": os.uname().nodename, "threads": torch.get_num_threads(),
                 "memory_limit_bytes": limit, "crash_log": _enable_fault_log()}

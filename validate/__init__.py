@@ -10,12 +10,15 @@ Three questions, answered from the script the team already has:
 3. Does it learn the same way? (``loss-curves``, ``speed``)
 
 Modules: ``script`` reads the script's source (convention, syntax errors);
-``runner`` runs it in child processes (``worker`` for the functions
-convention, ``bootstrap`` for unchanged training scripts) that make
-observations with ``probes`` and ``diff.localize``; ``checks`` turns
-observations into findings, ``explain`` weighs numerics differences the
-target makes by design, ``verdict`` adds them up; ``report`` writes the
-terminal summary, report.json and report.html; ``compare`` diffs two reports.
+``run`` checks one script from options to verdict: its sides run as cases
+of kind ``script-side`` on the runner's supervisor (``execute`` holds the
+executors; ``functions`` is the functions convention's side, ``training``
+an unchanged training script's), which make observations with ``probes``
+and ``diff.localize``; ``checks`` turns observations into findings,
+``explain`` weighs numerics differences the target makes by design,
+``verdict`` adds them up; ``report`` writes the terminal summary,
+report.json and report.html; ``compare`` diffs two reports. A whole check is
+a case of kind ``script`` too (``neuron-conformance scripts DIR``).
 """
 
 from .verdict import NOT_READY, READY, READY_WITH_WARNINGS, Finding, verdict_of

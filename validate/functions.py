@@ -248,7 +248,9 @@ def _observe(spec: ChildSpec, result: dict, progress) -> None:
     trace = tracker.trace
     tgt_side.extra["fallback_ops"] = list(trace.fallback) if trace else []
     tgt_side.extra["executed_ops"] = len(trace.executed) if trace else None
-    moved = copy.deepcopy(model).to(target.device)
+    from diff.sides import side_model
+
+    moved = side_model(model, target.device)
     tgt_side.extra["placement"] = placement_scan(moved, target.device.type)
     tgt_side.extra["wide_tensors"] = wide_tensors(
         [*named_inputs(args, kwargs), *model.named_parameters(), *model.named_buffers()])

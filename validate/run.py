@@ -25,6 +25,7 @@ from conformance.case import Case
 from conformance.outcome import Outcome, Status
 from conformance.settings import RunSettings
 from diff.curves import CurveComparison, CurveTolerance
+from diff.judge import classify_error
 from runner.supervisor import Job, Supervisor
 
 from .checks import CheckContext, curve_comparison, run_checks
@@ -216,10 +217,8 @@ def outcome_of(case: Case, verdict: str, findings: list[Finding], report_path: s
         return Outcome(case_id=case.id, status=Status.PASS, message=message, evidence=evidence, duration_s=seconds)
     first = errors[0]
     status = ERROR_STATUS.get(first.check, Status.ERROR)
-    if first.check == "runs" and first.title.startswith("crashes"):
-        status = Status.CRASH
-    elif first.check == "runs" and "unsupported" in first.data.get("status", ""):
-        status = Status.UNSUPPORTED
+    if first.check == "runs":  # the target raised (unsupported or an error, as the judge classifies it) or died
+        status = Status.CRASH if first.title.startswith("crashes") else classify_error(first.title)
     where = f" ({first.where})" if first.where else ""
     more = f" (+{len(errors) - 1} more errors)" if len(errors) > 1 else ""
     evidence["error"] = first.title

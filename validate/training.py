@@ -7,8 +7,8 @@ side's device and watches it:
 
 * **device**: on the target, the emulated (or real) neuron device is
   registered, so ``torch.accelerator.current_accelerator()`` is ``neuron``.
-  On a CPU reference the parent turns backend autoload off and the bootstrap
-  makes ``torch.accelerator`` report the CPU. A ``--device`` option the
+  On a CPU reference the side's process starts with backend autoload off, and this
+  module makes ``torch.accelerator`` report the CPU. A ``--device`` option the
   script declares is filled in with the side's device, and ``{device}`` in
   the script's arguments is replaced by it.
 * **losses**: ``torch.autograd.backward`` (which ``Tensor.backward`` calls)

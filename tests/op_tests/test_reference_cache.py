@@ -13,7 +13,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from conformance.outcome import Status
-from runner.refcache import ReferenceCache
+from runner.refcache import ReferenceCache, reference_key
 from conformance.settings import RunSettings
 from runner.reporters import OnOutcome, StoreWriter
 from runner.suite import run_suite
@@ -56,7 +56,7 @@ def test_a_rerun_comes_from_the_cache_with_the_same_verdicts(runs):
 
 def test_cached_inputs_are_the_generated_inputs(runs):
     cases, cache_path, _ = runs
-    cache = ReferenceCache(cache_path, reference="cpu")
+    cache = ReferenceCache(cache_path, reference=reference_key("cpu", torch.get_num_threads()))
     restored_cases = 0
     for case in cases:
         restored = restore_samples(cache.get(case.id))

@@ -161,9 +161,9 @@ def test_curves_and_same_start():
     assert verdict_of(findings) == NOT_READY
 
 
-# ---------------------------------------------------------------- the bootstrap's small decisions
+# ---------------------------------------------------------------- the training side's small decisions
 def test_device_arguments_per_side():
-    from validate.bootstrap import _script_args
+    from validate.training import _script_args
     from validate.common import ChildSpec
 
     spec = ChildSpec(script="s.py", convention="training", side="target", target="neuron", reference="cpu",
@@ -178,7 +178,7 @@ def test_device_arguments_per_side():
 def test_a_models_own_loss_is_the_only_place_the_backward_pass_starts():
     import torch
 
-    from validate.bootstrap import _upstream_gradient
+    from validate.training import _upstream_gradient
 
     loss_grad, logits_grad = torch.ones(()), torch.randn(2, 3)
     assert _upstream_gradient([loss_grad, logits_grad], [1, 6]) == [loss_grad, None]

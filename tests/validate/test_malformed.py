@@ -73,7 +73,7 @@ def _validate(args, tmp_path, env, capsys, monkeypatch, *, subprocess: bool):
     if subprocess:
         result = run_cli("neuron-validate", *args, env=env, cwd=str(tmp_path), timeout=300)
         return result.returncode, result.stderr
-    from validate.cli import main
+    from cli.validate import main
 
     monkeypatch.chdir(tmp_path)
     for key, value in env.items():
@@ -130,7 +130,7 @@ def test_compare_rejects_what_is_not_a_report(tmp_path, content, expected, capsy
     old = tmp_path / "old.json"
     if content is not None:
         old.write_text(content)
-    from validate.cli import main
+    from cli.validate import main
 
     assert main(["compare", str(old), str(old)]) == 2
     err = capsys.readouterr().err
