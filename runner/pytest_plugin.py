@@ -43,7 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def settings(config: pytest.Config, suite: str, *, timeout_s: float, warmup: tuple[str, ...] = ()):
     """The RunSettings of one suite (``ops``, ``models``) in this session, made once from the command line."""
-    from conformance.settings import RunSettings
+    from conformance.settings import RunSettings, default_threads
 
     per_suite = config.stash.setdefault(SETTINGS_KEY, {})
     if suite not in per_suite:
@@ -55,6 +55,8 @@ def settings(config: pytest.Config, suite: str, *, timeout_s: float, warmup: tup
             rss_limit_mb=config.getoption("--rss-limit-mb"),
             artifacts_dir=config.getoption("--artifacts"),
             warmup=warmup,
+            # pytest-xdist's -n N runs N sessions, each with its worker: one share of the cores each.
+            threads=default_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))),
         )
     return per_suite[suite]
 

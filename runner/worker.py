@@ -144,9 +144,18 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _refusal(error: str) -> str:
+    """The allocator's own words from an error that carries them (after whatever the executor prefixed)."""
+    for marker in ("DefaultCPUAllocator", "MemoryError"):
+        at = error.find(marker)
+        if at >= 0:
+            return error[at:].strip().splitlines()[0][:200]
+    return error.strip().splitlines()[0][:200] if error.strip() else "an allocation was refused"
+
+
 def memory_outcome(case_id: str, settings: RunSettings, error: str, duration_s: float = 0.0) -> Outcome:
     """The one outcome of a case that needed more memory than the cap."""
-    first = error.strip().splitlines()[0][:200] if error.strip() else "an allocation was refused"
+    first = _refusal(error)
     return Outcome(case_id=case_id, status=Status.CRASH,
                    message=f"exceeded the memory cap of {settings.rss_limit_mb} MiB: {first}",
                    evidence={"memory_cap": True, "rss_limit_mb": settings.rss_limit_mb,
