@@ -107,12 +107,13 @@ class Supervisor:
         self.on_progress = on_progress
         self._slots: list[_Slot] = []
         self._crash_dir = tempfile.mkdtemp(prefix="neuron-validate-faults-")
+        self._warmup = settings.warmup  # the kinds workers warm up for; by default, those of the cases given
 
     # ---------------------------------------------------------------- workers
     def _settings_for(self, job: Job | None) -> RunSettings:
         """A worker's settings: the run's, plus (for a fresh worker) its job's environment and kind."""
         env = {**self.settings.env, **(job.env if job else {}), CRASH_DIR_ENV: self._crash_dir}
-        warmup = self.settings.warmup or ((job.case.kind,) if job else ())
+        warmup = self._warmup or ((job.case.kind,) if job else ())
         return replace(self.settings, env=env, warmup=warmup)
 
     def _spawn(self, job: Job | None = None) -> _Slot:
@@ -162,10 +163,16 @@ class Supervisor:
     def run_jobs(self, items: Iterable[Case | Job]) -> Iterator[tuple[Job, Outcome]]:
         """Yields (job, outcome) as jobs finish; given a deque, the caller may append jobs while iterating."""
         queue: deque = items if isinstance(items, deque) else deque(items)
+        kinds = set()
         for item in queue:
             job = item if isinstance(item, Job) else Job(case=item)
             if job.env and not self.fresh:
                 raise ValueError(f"{job.case.title}: a case with an environment of its own needs fresh processes")
+            kinds.add(job.case.kind)
+        if not self._warmup and not self._slots:
+            # Workers load what these kinds need before they report ready, so no case's timeout (nor a
+            # probe's, on a replacement worker) counts loading op_db or the model packages.
+            self._warmup = tuple(sorted(kinds))
         followups: deque[tuple[Job, Outcome, str]] = deque()
         try:
             yield from self._loop(queue, followups)

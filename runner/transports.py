@@ -179,6 +179,7 @@ class _RayWorker:
     def ready(self) -> tuple:
         from .worker import Worker
 
+        _normal_priority()
         self.worker = Worker(self.settings, self.outbox.append)
         try:
             return ("ready", self.worker.start())
@@ -192,6 +193,17 @@ class _RayWorker:
 
     def rss_mb(self) -> float:
         return rss_mb(os.getpid())
+
+
+def _normal_priority() -> None:
+    """Ray starts worker processes at niceness 15, below anything else on the machine: on a loaded node a
+    case then waits for the CPU, and its timeout measures the load, not the case. Cases run at normal
+    priority, as in a local worker (where the process may not raise its priority, it stays as it is)."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _ray_death(exc: BaseException) -> Death:
@@ -284,6 +296,7 @@ class RayTransport:
         except ImportError:
             raise TransportError("--executor ray needs Ray: pip install 'neuron-validate[ray]'") from None
         if not ray.is_initialized():
+            os.environ.setdefault("RAY_worker_niceness", "0")  # see _normal_priority
             try:
                 ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
             except Exception as exc:  # noqa: BLE001 - any failure to reach the cluster is the user's to fix

@@ -53,8 +53,9 @@ def settings(tmp_path, name: str) -> RunSettings:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    # A local instance that also advertises NeuronCores, so actors request one each.
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, resources={"neuron_cores": 2})
+    # A local instance that also advertises NeuronCores, so actors request one each. Four logical CPUs: a
+    # replacement actor must not wait for the one it replaces to hand its CPU back (slow on a loaded machine).
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, resources={"neuron_cores": 4})
     yield
     ray.shutdown()
 
