@@ -53,6 +53,46 @@ class TargetSpec:
         return self.device if self.mode == "eager" else f"{self.device}:{self.mode}"
 
 
+class GraphCounter:
+    """A torch.compile backend that counts the graphs it is handed and passes them to the real one."""
+
+    def __init__(self, backend) -> None:
+        """``backend``: a backend's name, or a backend itself."""
+        self.backend = backend
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        import torch._dynamo
+
+        self.graphs += 1
+        backend = torch._dynamo.lookup_backend(self.backend) if isinstance(self.backend, str) else self.backend
+        return backend(gm, example_inputs, **kwargs)
+
+
+@dataclass(slots=True)
+class Compiled:
+    """A compiled callable and the count of graphs compiled for it (see Target.compile)."""
+
+    fn: Callable
+    counter: GraphCounter
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    @property
+    def graphs(self) -> int:
+        return self.counter.graphs
+
+
+def ran_eagerly(runner) -> bool:
+    """Whether a callable that was to be compiled ran without compiling a single graph."""
+    return isinstance(runner, Compiled) and runner.graphs == 0
+
+
+EAGER_UNDER_COMPILE = ("the compile target compiled no graph: dynamo ran this eagerly, so the compiler was not "
+                       "tested")
+
+
 @dataclass(frozen=True, slots=True)
 class OpTrace:
     """ATen ops seen on the device during a tracked region."""
@@ -120,12 +160,25 @@ class Target:
         return "aot_eager"
 
     def prepare(self, fn: Callable) -> Callable:
-        """The callable as this target runs it: compiled in compile mode."""
-        if not self.compiles:
-            return fn
-        import torch
+        """The callable as this target runs it: compiled (see :meth:`compile`) in compile mode."""
+        return self.compile(fn) if self.compiles else fn
 
-        return torch.compile(fn, backend=self.compile_backend(), dynamic=False)
+    def compile(self, fn: Callable) -> "Compiled":
+        """``fn`` compiled afresh with this target's backend, counting the graphs it compiles.
+
+        Each call starts from a new dynamo state: dynamo keys its caches by
+        code object and, past its recompile limit (8), silently runs a
+        function eagerly; one harness function shared by many samples or
+        models (a per-sample lambda, one model class) would reach it and stop
+        testing the compiler. ``Compiled.graphs`` then tells whether
+        anything was compiled at all: none means the call ran eagerly.
+        """
+        import torch
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        counter = GraphCounter(self.compile_backend())
+        return Compiled(fn=torch.compile(fn, backend=counter, dynamic=False), counter=counter)
 
     # ---------------------------------------------------------------- tracking
     @property

@@ -192,11 +192,15 @@ def train_curve(
     for execution (torch.compile in compile mode). The same ``seed`` is set
     on every side before the first step.
     """
+    from conformance.target import EAGER_UNDER_COMPILE, ran_eagerly
+
     from .sides import run_model
 
     run = run_model(model, device=device, inputs=batch, forward=loss, loss=lambda value, inputs: value, steps=steps,
                     optimizer_factory=optimizer_factory, prepare=prepare, synchronize=synchronize, on_step=on_step,
                     seed=seed, keep_output=lambda value: None)
+    if ran_eagerly(run.runner):  # never a pass: the compiler was not tested
+        raise RuntimeError(EAGER_UNDER_COMPILE)
     losses = [float(v.float().cpu()) for v in run.losses]
     seconds = run.step_seconds
     return LossCurve(label=label, losses=tuple(losses), step_seconds=tuple(seconds))

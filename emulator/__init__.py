@@ -180,6 +180,7 @@ def set_faults(faults: str | list[Fault] | None) -> list[Fault]:
         [f.phase for f in parsed],
         [c10_dtype_name(f.dtype) for f in parsed],
         [float(f.probability) for f in parsed],
+        [f.mode for f in parsed],
     )
     _faults = parsed
     _active_faults = list(active)

@@ -111,7 +111,11 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         def run(*args):
             if narrow:
                 args = tuple(_narrow(a, i, graph_id) for i, a in enumerate(args))
-            return graph(*args)
+            previous = torch.ops.neuron_emulator.set_in_compiled_graph(True)  # compile-only faults strike here
+            try:
+                return graph(*args)
+            finally:
+                torch.ops.neuron_emulator.set_in_compiled_graph(previous)
 
         return make_boxed_func(run)
 

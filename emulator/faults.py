@@ -16,11 +16,13 @@ them) or through :func:`emulator.set_faults`::
     wrong_shape@aten::mul                fresh outputs gain a leading dimension
     host_fallback@aten::gelu             runs on the host silently (tracked, no warning)
     host_output@aten::relu               outputs come back as CPU tensors
+    perturb@aten::tanh,rel=0.005,mode=compile   only inside compiled graphs
     hog@aten::mm,mb=8192                 the kernel allocates (and touches) an 8 GiB workspace
     crash@aten::sort,host=1              the host's own (CPU) kernel crashes too: a bug in a library
                                          both sides share, which the reference cannot survive either
 
-Keys: ``rel`` (perturb), ``mb`` (hog), ``host`` (crash, abort, hang: 1 breaks the
+Keys: ``rel`` (perturb), ``mb`` (hog), ``mode`` (any | eager | compile: only in eager code, or only
+inside graphs ``torch.compile(backend="neuron")`` built: a compiler's bug), ``host`` (crash, abort, hang: 1 breaks the
 CPU kernel of that exact op too), ``phase`` (any | forward | backward), ``dtype``
 (only when an input has this dtype, e.g. ``float32``), ``p`` (probability
 that the fault is active in a process: a flaky fault).
@@ -47,6 +49,7 @@ FAULT_KINDS = {
     "hog": 9,
 }
 PHASES = ("any", "forward", "backward")
+MODES = ("any", "eager", "compile")
 HOST_KINDS = ("crash", "abort", "hang")
 
 
@@ -63,6 +66,7 @@ class Fault:
     dtype: str = ""
     probability: float = 1.0
     host: bool = False
+    mode: str = "any"
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -71,6 +75,8 @@ class Fault:
             raise FaultSpecError(f"kind={self.kind!r} (type=str): unknown fault kind{hint}")
         if self.phase not in PHASES:
             raise FaultSpecError(f"phase={self.phase!r} (type=str): expected one of {', '.join(PHASES)}")
+        if self.mode not in MODES:
+            raise FaultSpecError(f"mode={self.mode!r} (type=str): expected one of {', '.join(MODES)}")
         if not 0.0 <= self.probability <= 1.0:
             raise FaultSpecError(f"p={self.probability!r} (type=float): must lie in [0, 1]")
         if not self.op:
@@ -91,6 +97,8 @@ class Fault:
             parts.append(f"p={self.probability!r}")
         if self.host:
             parts.append("host=1")
+        if self.mode != "any":
+            parts.append(f"mode={self.mode}")
         return ",".join(parts)
 
 
@@ -167,7 +175,7 @@ def parse_faults(spec: str | None) -> list[Fault]:
             key, value = key.strip(), value.strip()
             if not sep:
                 raise FaultSpecError(f"fault option {option!r} in {chunk!r} must look like key=value")
-            if key in ("phase", "dtype"):
+            if key in ("phase", "dtype", "mode"):
                 fields[key] = value
             elif key == "host":
                 if value not in ("0", "1"):
@@ -179,7 +187,7 @@ def parse_faults(spec: str | None) -> list[Fault]:
                 except ValueError:
                     raise FaultSpecError(f"{key}={value!r} (type=str) in {chunk!r}: expected a number") from None
             else:
-                raise FaultSpecError(f"unknown fault option {key!r} in {chunk!r} (known: rel, mb, phase, dtype, p, host)")
+                raise FaultSpecError(f"unknown fault option {key!r} in {chunk!r} (known: rel, mb, phase, mode, dtype, p, host)")
         faults.append(Fault(**fields))
     return faults
 

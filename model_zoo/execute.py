@@ -21,6 +21,7 @@ import torch
 
 from conformance.case import Case
 from conformance.outcome import Outcome, Status
+from conformance.target import EAGER_UNDER_COMPILE, ran_eagerly
 from diff.judge import Judge, classify_error, one_line
 from diff.sides import run_model
 from diff.tolerances import TolerancePolicy
@@ -77,9 +78,12 @@ def execute_model_case(case: Case, ctx) -> Outcome:
     # The target trains a copy first; the reference then trains the built model itself. A case so holds
     # at most three copies of the parameters (built, target's, reference's gradients), not four: large
     # timm models then fit the 4 GiB worker cap. Reruns (golden, determinism) rebuild the model.
+    compiled: list = []  # the target's compiled model: how many graphs it compiled
     prepare = None
     if target.compiles or config.execution == "compile":
-        prepare = lambda m: torch.compile(m, backend=target.compile_backend(), dynamic=False)  # noqa: E731
+        def prepare(model):
+            compiled.append(target.compile(model))
+            return compiled[-1]
     _peak_memory(target, reset=True)
     t0 = time.perf_counter()
     with target.track_ops() as tracker:
@@ -112,6 +116,11 @@ def execute_model_case(case: Case, ctx) -> Outcome:
         evidence["error"] = traceback.format_exception_only(type(error), error)[-1].strip()
         return Outcome(case_id=case.id, status=classify_error(error), message=one_line(error), evidence=evidence,
                        timings=timings)
+    if compiled:
+        evidence["compiled_graphs"] = compiled[0].graphs
+        if ran_eagerly(compiled[0]):  # never a pass: the compiler was not tested
+            return Outcome(case_id=case.id, status=Status.ERROR, message=f"harness error: {EAGER_UNDER_COMPILE}",
+                           evidence={**evidence, "harness_error": True}, timings=timings)
 
     t0 = time.perf_counter()
     judge = Judge(tolerance=TolerancePolicy().for_dtype(config.arch, scope="model"), device=target.device.type)
@@ -194,7 +203,7 @@ from model_zoo.execute import run_side
 
 config = ModelConfig.from_dict(json.loads({json.dumps(json.dumps(case.config))}))
 target = resolve_target(sys.argv[1] if len(sys.argv) > 1 else {str(ctx.target.spec)!r})
-prepare = (lambda m: torch.compile(m, backend=target.compile_backend(), dynamic=False)) if target.compiles else None
+prepare = target.compile if target.compiles or config.execution == "compile" else None
 actual = run_side(build(config), config, target.device, prepare=prepare)
 expected = run_side(build(config), config, "cpu")
 judge = Judge(tolerance=TolerancePolicy().for_dtype(config.arch, scope="model"), device=target.device.type)

@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_leaves
 
 from conformance.case import Case
 from conformance.outcome import Outcome, Status
+from conformance.target import EAGER_UNDER_COMPILE, Compiled
 from diff.judge import Judge, classify_error
 from diff.sides import to_device
 from diff.tolerances import TolerancePolicy
@@ -97,6 +98,7 @@ class SideResult:
     error: str | None = None
     error_type: str | None = None
     skipped: str | None = None  # why this sample cannot be judged
+    graphs: int | None = None  # compile targets: graphs compiled for this sample (0: it ran eagerly)
 
 
 def _cotangents(outputs: list[torch.Tensor], seed: int, device) -> list[torch.Tensor]:
@@ -119,6 +121,14 @@ def run_op(op, rule: OpRule, sample, parts, *, backward: bool, device, seed: int
     """Runs the op on one side; ``parts`` are that side's (input, args, kwargs)."""
     inp, args, kwargs = parts
     fn = op if prepare is None else prepare(op_callable(op))
+    result = _run_op(fn, rule, sample, parts, backward=backward, device=device, seed=seed)
+    if isinstance(fn, Compiled):
+        result.graphs = fn.graphs
+    return result
+
+
+def _run_op(fn, rule: OpRule, sample, parts, *, backward: bool, device, seed: int) -> SideResult:
+    inp, args, kwargs = parts
     try:
         out = fn(inp, *args, **kwargs)
         out = sample.output_process_fn_grad(out)
@@ -192,6 +202,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     verdicts: list[SampleVerdict] = []
     worst: dict[str, float] = {}
     nondeterministic: list[int] = []
+    compiled_graphs: list[int] = []  # compile targets: graphs per sample
     device_type = target.device.type
 
     with target.track_ops() as tracker:
@@ -231,6 +242,8 @@ def execute_op_case(case: Case, ctx) -> Outcome:
                 for k, v in verdict.comparison.get("worst", {}).items():
                     worst[k] = max(worst.get(k, 0.0), v)
             verdicts.append(verdict)
+            if tgt.graphs is not None:
+                compiled_graphs.append(tgt.graphs)
             timer.add("comparison", t0)
 
     if ctx.cache is not None and not cache_ok and fresh_reference:
@@ -240,7 +253,10 @@ def execute_op_case(case: Case, ctx) -> Outcome:
         if inputs is None or not ctx.cache.put(case.id, {**entry, "generator": generator_digest(), "inputs": inputs}):
             ctx.cache.put(case.id, entry)
     trace = tracker.trace
-    return _aggregate(case, verdicts, worst, trace, timer.totals, rule, nondeterministic, cached=cache_ok)
+    outcome = _aggregate(case, verdicts, worst, trace, timer.totals, rule, nondeterministic, cached=cache_ok)
+    if compiled_graphs:
+        outcome.evidence["compiled_graphs"] = compiled_graphs
+    return outcome
 
 
 
@@ -254,6 +270,8 @@ def judge_sample(i, op, rule, sample, parts, ref: SideResult, tgt: SideResult, *
         return SampleVerdict(index=i, status=Status.SKIP, message=f"fails on the reference: {ref.error.splitlines()[0]}")
     if tgt.error is not None:
         return SampleVerdict(index=i, status=classify_error(tgt.error, tgt.error_type), message=tgt.error.splitlines()[0])
+    if tgt.graphs == 0:  # never a pass: the compiler was not tested
+        return SampleVerdict(index=i, status=Status.ERROR, message=f"harness error: {EAGER_UNDER_COMPILE}")
 
     def golden():
         result = run_op(op, rule, sample, to_device(parts, "cpu", GOLDEN_DTYPES, same_layout=True), backward=backward,
@@ -300,6 +318,7 @@ def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *,
     evidence: dict[str, Any] = {
         "samples": len(verdicts),
         "by_status": by_status,
+        "sample_statuses": [v.status.value for v in verdicts],  # in sample order
         "metrics": worst,
         "rule": rule.compare if not rule.gather else "gather_indices",
         "failures": [

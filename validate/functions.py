@@ -291,7 +291,13 @@ def _compiled_check(model, args, kwargs, *, target, reference, loss, files) -> d
         compiled(*again_args, **again_kwargs)  # same shapes again: must not recompile
     except Exception as exc:  # noqa: BLE001
         return {"error": error_info(exc, files=files, phase="compile")}
+    from conformance.target import EAGER_UNDER_COMPILE, ran_eagerly
+
+    if ran_eagerly(compiled):  # never a pass: the compiler was not tested
+        return {"error": {"type": "RuntimeError", "message": f"compile mode: {EAGER_UNDER_COMPILE}", "source": None,
+                          "phase": "compile", "import_error": False}, "graphs": 0}
     outputs = judge(out, ref_out, golden=lambda: golden()[0]).comparison
     gradients = (judge(grads, ref_grads, golden=lambda: golden()[1], path="grad").comparison
                  if grads is not None else None)
-    return {"outputs": outputs.to_dict(), "gradients": gradients.to_dict() if gradients is not None else None}
+    return {"outputs": outputs.to_dict(), "gradients": gradients.to_dict() if gradients is not None else None,
+            "graphs": compiled.graphs}

@@ -33,6 +33,8 @@ import runpy
 import sys
 import time
 
+from conformance.target import GraphCounter
+
 from .common import ChildSpec, SideResult, localization_observations
 from .probes import compile_observations, error_info, fingerprint, named_inputs, placement_scan, wide_tensors
 
@@ -60,6 +62,8 @@ class _State:
         self.fingerprints: dict = {}
         self.recording = True
         self.notes: list[str] = []
+        self.compiled_graphs = None  # a GraphCounter: the graphs compiled on this side
+        self.counters: list = []
 
 
 def _script_args(spec: ChildSpec, device: str, device_option: str | None) -> list[str]:
@@ -107,7 +111,7 @@ def _install(state: _State, torch, here) -> dict:
         _capture(state, torch, root, args, kwargs, here)
         module = self
         if here.compiles and not hasattr(self, "_orig_mod"):
-            self.compile(backend=here.compile_backend(), dynamic=False)
+            self.compile(backend=state.compiled_graphs, dynamic=False)
         state.depth += 1
         try:
             out = orig_call(module, *args, **kwargs)
@@ -136,7 +140,12 @@ def _install(state: _State, torch, here) -> dict:
             if model is None:
                 return lambda m: m
             return model
-        kwargs.setdefault("backend", here.compile_backend())
+        # Every graph the script compiles on the target is counted, whichever backend it names.
+        if "backend" in kwargs:
+            kwargs["backend"] = GraphCounter(kwargs["backend"])
+            state.counters.append(kwargs["backend"])
+        else:
+            kwargs["backend"] = state.compiled_graphs
         return orig_compile(model, *args, **kwargs) if model is not None else orig_compile(*args, **kwargs)
 
     torch.autograd.backward = backward
@@ -198,6 +207,8 @@ def observe(spec: ChildSpec, progress) -> dict:
         from emulator import compile_backend
 
         compile_backend.clear_compile_events()
+    state.compiled_graphs = GraphCounter(here.compile_backend())
+    state.counters.append(state.compiled_graphs)
     originals = _install(state, torch, here)
     start = time.perf_counter()
     progress(side=spec.side, phase="run")
@@ -237,7 +248,7 @@ def observe(spec: ChildSpec, progress) -> dict:
         side.extra["placement"] = state.root_scan or {"cpu_state": [], "plain_tensors": []}
         side.extra["wide_tensors"] = state.wide
         if here.compiles:
-            side.extra["compile"] = compile_observations()
+            side.extra["compile"] = {**compile_observations(), "graphs": sum(c.graphs for c in state.counters)}
         if state.snapshot is not None:
             progress(side="target", phase="localize")
             grad = _upstream_gradient(state.grad_output, state.output_sizes)

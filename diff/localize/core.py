@@ -17,6 +17,7 @@ from .drill import locate_op
 from .recorder import DEFAULT_RECORD_BYTES, Call, Recorder
 from .results import LayerError, Localization, ReferenceFailure, TargetFailure
 from .source import SourceLine, exception_frames, find_source
+from .random_ops import NeutralDropout
 from .tracer import OpTracer, cpu_copy, tensors
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -110,21 +111,28 @@ def localize(
     files = tuple(os.path.abspath(f) for f in source_files)
     common = dict(loss_fn=loss_fn, grad_output=grad_output, source_files=files, max_bytes=max_record_bytes, call=call)
     target_device = torch.device(target_device)
-    result = Localization()
+    with NeutralDropout():  # dropout off on every side: the comparison must be deterministic
+        return _localize(model, args, kwargs, target_device=target_device, reference_device=reference_device,
+                         tol=tol, common=common, files=files, golden=golden, drill=drill, call=call)
 
+
+def _localize(model, args, kwargs, *, target_device, reference_device, tol, common, files, golden, drill,
+              call) -> Localization:
+    result = Localization()
     ref = run_side(model, args, kwargs, device=reference_device, double=False, trace=False, **common)
     if ref.error is not None:
         source = find_source(exception_frames(ref.error), frozenset(files))
         where = f" in {ref.error_module}" if ref.error_module else ""
         raise ReferenceFailure(f"the model raised on the reference{where} ({ref.error_phase}): {one_line(ref.error)}",
                                module=ref.error_module, source=source)
-    again = run_side(model, args, kwargs, device=reference_device, double=False, trace=False,
-                     **{**common, "loss_fn": None, "grad_output": None})
+    again = run_side(model, args, kwargs, device=reference_device, double=False, trace=False, **common)
     ref_out, again_out = ref.output or [], again.output or []
-    result.reference_deterministic = len(ref_out) == len(again_out) and all(
-        torch.equal(a, b) for a, b in zip(ref_out, again_out) if a.dtype == b.dtype)
+    result.reference_deterministic = _same(ref_out, again_out) and _same(
+        list((ref.param_grads or {}).values()), list((again.param_grads or {}).values()))
     if not result.reference_deterministic:
-        result.notes.append("two reference runs differ: the model draws random numbers or is not deterministic in forward")
+        result.notes.append("two reference runs differ: the model draws random numbers (other than dropout, which "
+                            "is turned off for the comparison) or is not deterministic; only the layers the "
+                            "reference reproduces are judged")
 
     gold = None
     if golden:
@@ -147,7 +155,7 @@ def localize(
         )
 
     judge = Judge(tolerance=tol)
-    compare_layers(result, ref, tgt, gold, judge)
+    compare_layers(result, ref, tgt, gold, judge, again=again)
     if tgt.error is None:
         result.outputs = judge(tgt.output or [], ref_out, golden=gold.output if gold else None).comparison
         if ref.param_grads is not None and tgt.param_grads is not None:
@@ -173,8 +181,39 @@ def localize(
     return result
 
 
-def compare_layers(result: Localization, ref: SideRun, tgt: SideRun, gold: SideRun | None, judge: Judge) -> None:
+def _same(a: Sequence, b: Sequence) -> bool:
+    """Bit for bit (NaN equal to NaN): two reference runs of a deterministic model."""
+    return len(a) == len(b) and all(_same_tensor(x, y) for x, y in zip(a, b))
+
+
+def _same_tensor(x: torch.Tensor | None, y: torch.Tensor | None) -> bool:
+    if x is None or y is None:
+        return x is None and y is None
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    if x.is_floating_point() or x.is_complex():
+        return bool(((x == y) | (x.isnan() & y.isnan())).all())
+    return torch.equal(x, y)
+
+
+def compare_layers(result: Localization, ref: SideRun, tgt: SideRun, gold: SideRun | None, judge: Judge,
+                   again: SideRun | None = None) -> None:
+    """Judges every module call's output (forward) and the gradient into it (backward), in order.
+
+    ``again`` is a second reference run: a value it does not reproduce bit for bit (a random op upstream)
+    is marked ``random`` and not judged, so that only what the reference can vouch for decides.
+    """
     n = min(len(ref.calls), len(tgt.calls))
+    again_ok = again is not None and [(c.name, c.call) for c in again.calls] == [(c.name, c.call) for c in ref.calls]
+
+    def random(i: int, phase: str) -> bool:
+        if result.reference_deterministic:
+            return False
+        if not again_ok:
+            return True
+        r, a = ref.calls[i], again.calls[i]
+        return not _same(*((r.outputs, a.outputs) if phase == "forward" else (r.grads, a.grads)))
+
     gold_ok = gold is not None and [(c.name, c.call) for c in gold.calls] == [(c.name, c.call) for c in ref.calls]
     if gold is not None and not gold_ok:
         result.notes.append("the float64 golden run took another path through the modules; layers compared against the reference only")
@@ -187,7 +226,8 @@ def compare_layers(result: Localization, ref: SideRun, tgt: SideRun, gold: SideR
             n = i
             break
         g = gold.calls[i] if gold_ok else None
-        forward.append(layer_error(r, "forward", r.outputs, t.outputs, g.outputs if g else None, judge))
+        forward.append(layer_error(r, "forward", r.outputs, t.outputs, g.outputs if g else None, judge,
+                                   random=random(i, "forward")))
     backward: list[LayerError] = []
     have_grads = any(x is not None for c in ref.calls for x in c.grads)
     if have_grads and tgt.error is None:
@@ -196,7 +236,8 @@ def compare_layers(result: Localization, ref: SideRun, tgt: SideRun, gold: SideR
             if all(x is None for x in r.grads):
                 continue
             g = gold.calls[i] if gold_ok else None
-            backward.append(layer_error(r, "backward", r.grads, t.grads, g.grads if g else None, judge))
+            backward.append(layer_error(r, "backward", r.grads, t.grads, g.grads if g else None, judge,
+                                        random=random(i, "backward")))
     result.layers = forward + backward
     result.first_forward = next((x for x in forward if not x.ok), None)
     if result.first_forward is None:
@@ -212,7 +253,7 @@ def compare_layers(result: Localization, ref: SideRun, tgt: SideRun, gold: SideR
                 result.backward_culprit_call = after.call
 
 
-def layer_error(r: Call, phase: str, rv, tv, gv, judge: Judge) -> LayerError:
+def layer_error(r: Call, phase: str, rv, tv, gv, judge: Judge, *, random: bool = False) -> LayerError:
     pairs = [(a, b, (gv[j] if gv is not None and j < len(gv) else None))
              for j, (a, b) in enumerate(zip(tv, rv)) if a is not None and b is not None]
     if not pairs:
@@ -224,11 +265,12 @@ def layer_error(r: Call, phase: str, rv, tv, gv, judge: Judge) -> LayerError:
     verdict = judge(actual, expected, golden=golden, path=r.name)
     against = golden if golden is not None else expected
     return LayerError(
-        module=r.name, type=r.type, call=r.call, phase=phase, ok=bool(verdict),
+        module=r.name, type=r.type, call=r.call, phase=phase, ok=random or bool(verdict), random=random,
         max_abs=verdict.comparison.worst.get("max_abs", 0.0),
         rel_error=relative_error(actual, against),
         reference_rel_error=relative_error(expected, golden) if golden is not None else math.nan,
-        message="" if verdict else verdict.message,
+        message="not judged: the reference does not reproduce itself here" if random else
+        ("" if verdict else verdict.message),
     )
 
 

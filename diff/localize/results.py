@@ -39,6 +39,7 @@ class LayerError:
     rel_error: float  # target RMSE against the golden (else the reference), over the RMS of that value
     reference_rel_error: float  # the reference's own RMSE against the golden, same scale (nan without a golden)
     message: str = ""
+    random: bool = False  # two reference runs differ here: not judged (``ok`` says nothing)
 
     @property
     def label(self) -> str:
@@ -50,6 +51,7 @@ class LayerError:
             "module": self.module, "type": self.type, "call": self.call, "phase": self.phase, "ok": self.ok,
             "max_abs": finite_or_none(self.max_abs), "rel_error": finite_or_none(self.rel_error),
             "reference_rel_error": finite_or_none(self.reference_rel_error), "message": self.message, "label": self.label,
+            "random": self.random,
         }
 
 
@@ -148,8 +150,18 @@ class Localization:
     notes: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return (self.target_failure is None and self.outputs is not None and bool(self.outputs)
+        if self.target_failure is not None:
+            return False
+        if not self.reference_deterministic:
+            # The outputs are noise against noise; the layers the reference reproduces are all there is.
+            return self.first_forward is None and self.first_backward is None
+        return (self.outputs is not None and bool(self.outputs)
                 and (self.gradients is None or bool(self.gradients)))
+
+    @property
+    def compared_layers(self) -> int:
+        """Layer values judged (both passes); layers where the reference does not reproduce itself are not."""
+        return sum(1 for layer in self.layers if not layer.random)
 
     @property
     def first(self) -> LayerError | None:
@@ -170,6 +182,9 @@ class Localization:
             where = f" in {f.module}" if f.module else ""
             at = f" at {f.source}" if f.source else ""
             return f"the target raised{where}{at}: {f.message}"
+        if self and not self.reference_deterministic:
+            return (f"inconclusive: the reference does not reproduce itself; the {self.compared_layers} layer values "
+                    "it reproduces match")
         if self:
             return "outputs and gradients match"
         first = self.first
@@ -199,6 +214,8 @@ class Localization:
             "target_failure": self.target_failure.to_dict() if self.target_failure else None,
             "golden": self.golden,
             "reference_deterministic": self.reference_deterministic,
+            "compared_layers": self.compared_layers,
+            "random_layers": [layer.label for layer in self.layers if layer.random and layer.phase == "forward"],
             "notes": list(self.notes),
         }
 

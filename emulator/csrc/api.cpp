@@ -40,9 +40,10 @@ std::string api_profile_name() { return active_profile()->name; }
 
 c10::List<bool> api_set_faults(std::vector<int64_t> kinds, std::vector<std::string> ops, std::vector<double> rel,
                                  std::vector<std::string> phase, std::vector<std::string> dtype,
-                                 std::vector<double> probability) {
+                                 std::vector<double> probability, std::vector<std::string> mode) {
   const size_t n = kinds.size();
-  TORCH_CHECK(ops.size() == n && rel.size() == n && phase.size() == n && dtype.size() == n && probability.size() == n,
+  TORCH_CHECK(ops.size() == n && rel.size() == n && phase.size() == n && dtype.size() == n && probability.size() == n &&
+                  mode.size() == n,
               "neuron (emulated): fault table lengths differ");
   std::vector<Fault> faults;
   for (size_t i = 0; i < n; ++i) {
@@ -54,6 +55,9 @@ c10::List<bool> api_set_faults(std::vector<int64_t> kinds, std::vector<std::stri
     f.op_glob = ops[i];
     f.rel = rel[i];
     f.phase = phase[i];
+    TORCH_CHECK(mode[i] == "any" || mode[i] == "eager" || mode[i] == "compile",
+                "neuron (emulated): bad fault mode ", mode[i]);
+    f.mode = mode[i];
     f.dtype = dtype[i];
     f.probability = probability[i];
     faults.push_back(std::move(f));
@@ -121,8 +125,10 @@ TORCH_LIBRARY(neuron_emulator, m) {
       "bool independent_rng) -> ()",
       &api_set_profile);
   m.def("profile_name() -> str", &api_profile_name);
-  m.def("set_faults(int[] kinds, str[] ops, float[] rel, str[] phase, str[] dtype, float[] probability) -> bool[]",
+  m.def("set_faults(int[] kinds, str[] ops, float[] rel, str[] phase, str[] dtype, float[] probability, "
+        "str[] mode) -> bool[]",
         &api_set_faults);
+  m.def("set_in_compiled_graph(bool value) -> bool", [](bool value) { return set_in_compiled_graph(value); });
   m.def("executed_ops() -> str[]", &api_executed_ops);
   m.def("fallback_ops() -> str[]", &api_fallback_ops);
   m.def("clear_tracking() -> ()", &api_clear_tracking);

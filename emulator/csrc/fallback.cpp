@@ -9,6 +9,7 @@
 // purpose for the harness's own tests.
 #include "runtime.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <torch/csrc/autograd/function.h>
 #include <c10/core/CPUAllocator.h>
@@ -40,6 +41,9 @@ struct Plan {
   int activation = -1;  // index into profile activations
   int self_arg = -1;
   int generator_arg = -1;
+  // CPU kernels that draw from the CPU's default generator and take none as
+  // an argument (dropout's mask): they run with the device's stream swapped in.
+  bool default_cpu_rng = false;
   std::vector<bool> mutable_arg;
   std::vector<ArgRole> role;
   std::vector<int> return_alias_arg;  // -1: fresh or view, else the mutated arg
@@ -55,6 +59,36 @@ struct Plan {
 
 std::mutex g_plan_mutex;
 std::unordered_map<const void*, std::unique_ptr<Plan>> g_plans;
+
+// The CPU kernel of dropout draws its mask from the CPU's default generator.
+// For the length of the call that generator carries the device's stream, and
+// the device's stream moves on by what was drawn: the device's dropout masks
+// come from its own generator, as every other random op's numbers do, and
+// the CPU's stream is left as it was.
+class DeviceStreamForCpuKernel {
+ public:
+  DeviceStreamForCpuKernel(bool active, c10::DeviceIndex index) : active_(active) {
+    if (!active_) return;
+    device_ = cpu_generator_of(default_generator(index));
+    cpu_ = at::detail::getDefaultCPUGenerator();
+    std::scoped_lock lock(device_.mutex(), cpu_.mutex());
+    saved_ = cpu_.get_state();
+    cpu_.set_state(device_.get_state());
+  }
+  ~DeviceStreamForCpuKernel() {
+    if (!active_) return;
+    std::scoped_lock lock(device_.mutex(), cpu_.mutex());
+    device_.set_state(cpu_.get_state());
+    cpu_.set_state(saved_);
+  }
+  DeviceStreamForCpuKernel(const DeviceStreamForCpuKernel&) = delete;
+  DeviceStreamForCpuKernel& operator=(const DeviceStreamForCpuKernel&) = delete;
+
+ private:
+  bool active_;
+  at::Generator device_, cpu_;
+  at::Tensor saved_;
+};
 
 bool in_list(const std::string& s, std::initializer_list<const char*> names) {
   for (auto* n : names)
@@ -124,6 +158,7 @@ Plan& plan_for(const c10::OperatorHandle& op) {
     for (size_t i = 0; i < p.activations.size(); ++i)
       if (p.activations[i].op == plan->base) plan->activation = static_cast<int>(i);
   }
+  plan->default_cpu_rng = in_list(plan->base, {"aten::native_dropout", "aten::_scaled_dot_product_flash_attention_for_cpu"});
   const auto& args = schema.arguments();
   plan->mutable_arg.resize(args.size());
   plan->role.resize(args.size(), ArgRole::Other);
@@ -357,6 +392,7 @@ at::Tensor approximate_activation(const Plan& plan, const c10::OperatorHandle& f
 
 // ---------------------------------------------------------------- faults
 bool fault_applies(const Fault& f, const torch::jit::Stack& stack, size_t first, size_t nargs) {
+  if (f.mode != "any" && (f.mode == "compile") != in_compiled_graph()) return false;
   if (f.phase != "any") {
     bool backward = static_cast<bool>(torch::autograd::get_current_node());
     if ((f.phase == "backward") != backward) return false;
@@ -537,6 +573,7 @@ void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
     plan.redirect->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   } else {
+    DeviceStreamForCpuKernel stream(plan.default_cpu_rng, ctx.index);
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   }
 

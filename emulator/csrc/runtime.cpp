@@ -293,6 +293,18 @@ void set_profile(Profile p) {
   g_profile = std::make_shared<Profile>(std::move(p));
 }
 
+namespace {
+thread_local bool t_in_compiled_graph = false;
+}  // namespace
+
+bool in_compiled_graph() { return t_in_compiled_graph; }
+
+bool set_in_compiled_graph(bool value) {
+  const bool previous = t_in_compiled_graph;
+  t_in_compiled_graph = value;
+  return previous;
+}
+
 std::shared_ptr<const std::vector<Fault>> active_faults() {
   std::lock_guard<std::mutex> lock(g_state_mutex);
   return g_faults;

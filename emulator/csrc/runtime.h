@@ -100,11 +100,15 @@ struct Fault {
   std::string op_glob;
   double rel = 0.0;  // perturb: the relative error; hog: the workspace in MiB
   std::string phase = "any";  // any | forward | backward
+  std::string mode = "any";   // any | eager | compile (inside a graph torch.compile(backend="neuron") built)
   std::string dtype;          // empty: any dtype
   double probability = 1.0;   // per process
   bool active = true;         // decided once, at install time
 };
 std::shared_ptr<const std::vector<Fault>> active_faults();
+// Whether this thread is running a compiled graph (set by the compile backend around each graph run).
+bool in_compiled_graph();
+bool set_in_compiled_graph(bool value);  // returns the previous value
 void set_faults(std::vector<Fault> faults);
 
 // ---------------------------------------------------------------- tracking

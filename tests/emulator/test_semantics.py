@@ -137,6 +137,33 @@ def test_device_random_stream_is_separate_under_a_device_profile(profile):
     assert torch.equal(torch.rand(64, device="neuron").cpu(), torch.rand(64, generator=torch.Generator().manual_seed(0)))
 
 
+def test_dropout_draws_from_the_device_stream(profile):
+    """native_dropout's CPU kernel takes no generator; on the device it must still use the device's stream."""
+    x = torch.ones(4096)
+    q = torch.randn(1, 2, 16, 8)
+
+    def masks(device):
+        torch.manual_seed(0)
+        drop = torch.nn.functional.dropout(x.to(device), 0.5).cpu()
+        attn = torch.nn.functional.scaled_dot_product_attention(*(q.to(device),) * 3, dropout_p=0.5).cpu()
+        return drop, attn
+
+    profile("neuron-2.27")
+    cpu_drop, cpu_attn = masks("cpu")
+    dev_drop, dev_attn = masks("neuron")
+    assert not torch.equal(dev_drop, cpu_drop), "dropout masks must differ from the CPU's under the device profile"
+    assert not torch.equal(dev_attn, cpu_attn), "so must SDPA's attention dropout"
+    assert 0.45 < float((dev_drop > 0).float().mean()) < 0.55
+    assert torch.equal(masks("neuron")[0], dev_drop), "reproducible from the seed"
+    torch.manual_seed(0)
+    before = torch.rand(8)
+    torch.manual_seed(0)
+    torch.nn.functional.dropout(x.to("neuron"), 0.5)
+    assert torch.equal(torch.rand(8), before), "the device's dropout leaves the CPU's stream alone"
+    profile("exact")
+    assert torch.equal(masks("neuron")[0], cpu_drop), "exact: the device's stream starts where the CPU's does"
+
+
 def test_torch_compile_with_the_neuron_backend(neuron):
     from emulator.compile_backend import clear_compile_events, compile_events
 

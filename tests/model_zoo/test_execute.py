@@ -59,3 +59,24 @@ def test_faults_are_found_exactly_where_the_ops_are_used(runs):
     # the selection covers all three situations
     kinds = {faulty[a].status for a in ARCHS}
     assert kinds == {Status.MISMATCH, Status.CPU_FALLBACK, Status.PASS}
+
+
+def test_one_worker_compiles_every_configuration_of_one_model_class(tmp_path):
+    """Past dynamo's recompile limit (8) one model class would silently run eagerly and pass a compiler bug."""
+    from model_zoo.space import enumerate_configs
+
+    configs = [c for c in enumerate_configs(patterns="robotics/gaussian_mlp",
+                                            where={"dtype": ["float32"], "execution": ["compile"]})
+               if c.mode in ("train", "eval")][:10]
+    assert len(configs) == 10
+    env = {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact",
+           "NEURON_VALIDATE_FAULTS": "perturb@aten::addmm,rel=0.01,mode=compile"}
+    settings = RunSettings(target="neuron:compile", timeout_s=600, artifacts_dir=str(tmp_path / "artifacts"), env=env)
+    with ResultStore.open(tmp_path) as store:
+        run_suite([model_case(c) for c in configs], settings=settings, plugins=[StoreWriter(store)], build_id="b",
+                  manifest={}, target_label="neuron:compile", jobs=1)
+        outcomes = [row.outcome for row in store.results("b")]
+    assert len(outcomes) == 10
+    for outcome in outcomes:
+        assert outcome.status is Status.MISMATCH, outcome.message
+        assert outcome.evidence["compiled_graphs"] >= 1
