@@ -57,6 +57,9 @@ def apply_environment(args) -> None:
             resolve_profile(os.environ[PROFILE_ENV])
         except ProfileError as exc:
             raise UsageError(f"${PROFILE_ENV}: {exc}") from None
+    from conformance.target import apply_strict_neuronx_env
+
+    apply_strict_neuronx_env()  # before any import of torch_neuronx, in this process and its children
     modules = getattr(args, "backend_module", None) or []
     if modules:
         # Another backend may need PrivateUse1: the emulator must not take it at `import torch`.

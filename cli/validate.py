@@ -232,7 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "compare" and not os.path.isfile("compare"):
         args = build_compare_parser().parse_args(argv[1:])
         return run_command(f"{PROG} compare", cmd_compare, args)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # The script's own options given without "--": say how to pass them, not only that they are unknown.
+        script = getattr(args, "script", None) or "SCRIPT"
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}; options for the script go after --, "
+                     f"as in: {PROG} {script} -- {' '.join(unknown)}")
     args.script_args = script_args
     args.argv = argv + (["--", *script_args] if script_args else [])
     return run_command(PROG, cmd_validate, args)

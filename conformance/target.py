@@ -53,18 +53,36 @@ class TargetSpec:
         return self.device if self.mode == "eager" else f"{self.device}:{self.mode}"
 
 
+# The real torch_neuronx runs strict under the harness: by default it re-runs a kernel that fails at execution
+# on the CPU, and runs a graph that fails to compile eagerly, both silently; a conformance run must see both
+# failures. A user who sets either variable keeps their value; the manifest records what was in force.
+STRICT_NEURONX_ENV = {
+    "TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS": "1",
+    "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1",
+}
+
+
+def apply_strict_neuronx_env() -> None:
+    """Sets the strict-mode variables (unless set) before torch_neuronx is imported, here and in children."""
+    for key, value in STRICT_NEURONX_ENV.items():
+        os.environ.setdefault(key, value)
+
+
 class GraphCounter:
     """A torch.compile backend that counts the graphs it is handed and passes them to the real one."""
 
-    def __init__(self, backend) -> None:
-        """``backend``: a backend's name, or a backend itself."""
+    def __init__(self, backend, on_graph: Callable | None = None) -> None:
+        """``backend``: a backend's name, or a backend itself; ``on_graph(gm)`` is told of each graph."""
         self.backend = backend
         self.graphs = 0
+        self.on_graph = on_graph
 
     def __call__(self, gm, example_inputs, **kwargs):
         import torch._dynamo
 
         self.graphs += 1
+        if self.on_graph is not None:
+            self.on_graph(gm)
         backend = torch._dynamo.lookup_backend(self.backend) if isinstance(self.backend, str) else self.backend
         return backend(gm, example_inputs, **kwargs)
 
@@ -151,6 +169,18 @@ class Target:
             if module is not None and hasattr(module, "synchronize"):
                 module.synchronize()
 
+    def peak_memory(self, reset: bool = False) -> int | None:
+        """Peak bytes allocated on the device since the last reset (None where the backend cannot tell)."""
+        import torch
+
+        module = getattr(torch, self.spec.device, None) if self.kind != "cpu" else None
+        if module is None or not hasattr(module, "max_memory_allocated"):
+            return None
+        if reset and hasattr(module, "reset_peak_memory_stats"):
+            module.reset_peak_memory_stats()
+            return None
+        return int(module.max_memory_allocated())
+
     def compile_backend(self) -> str:
         """The torch.compile backend for this device."""
         if self.kind in ("neuron", "neuron-emulated"):
@@ -228,6 +258,7 @@ class Target:
             info["emulator_active_faults"] = [f.spec() for f in emulator.active_faults()]
         elif self.kind == "neuron":
             info["torch_neuronx"] = _version_of("torch_neuronx")
+            info["strict"] = {k: os.environ.get(k) for k in STRICT_NEURONX_ENV}
             info["neuronx_cc"] = _version_of("neuronxcc")
         elif self.kind == "cuda":
             info["cuda"] = torch.version.cuda
@@ -280,6 +311,7 @@ def resolve_target(spec: str | TargetSpec, *, backend_modules: tuple[str, ...] =
         if pu1 == "neuron" and emulator.is_registered():
             return Target(spec=spec, kind="neuron-emulated", label="neuron (emulated)", _tracking_module=torch.neuron)
         if emulator.real_backend_installed():
+            apply_strict_neuronx_env()  # too late only where torch_neuronx was imported first (autoload)
             try:
                 import torch_neuronx  # noqa: F401
             except Exception as exc:  # noqa: BLE001

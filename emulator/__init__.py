@@ -152,6 +152,7 @@ def set_profile(spec: str | NumericsProfile | None) -> NumericsProfile:
         list(p.fallback_ops),
         list(p.unsupported_ops),
         p.independent_rng,
+        p.rerun_failed_kernels_on_host,
     )
     _profile = p
     return p

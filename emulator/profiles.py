@@ -88,6 +88,10 @@ class NumericsProfile:
     activation_ranges: tuple[tuple[str, float, float], ...] = SCALAR_ENGINE_ACTIVATIONS
     compile_downcast_64bit: bool = False
     independent_rng: bool = False
+    # torch_neuronx without TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1: a kernel that fails at
+    # execution re-runs on the host without a word (only the fallback tracking knows). Off: it raises, as
+    # the strict mode the harness sets for the real backend.
+    rerun_failed_kernels_on_host: bool = False
     fallback_ops: tuple[str, ...] = ()
     unsupported_ops: tuple[str, ...] = ()
 

@@ -84,9 +84,10 @@ def execute_model_case(case: Case, ctx) -> Outcome:
         def prepare(model):
             compiled.append(target.compile(model))
             return compiled[-1]
-    _peak_memory(target, reset=True)
+    target.peak_memory(reset=True)
     t0 = time.perf_counter()
-    with target.track_ops() as tracker:
+    watch = target.device.type != "cpu"  # host<->device copies need a device to copy from
+    with target.track_ops() as tracker, watch_host_copies(watch) as host:
         try:
             actual = run_side(built, config, target.device, prepare=prepare)
             target.synchronize()
@@ -109,7 +110,11 @@ def execute_model_case(case: Case, ctx) -> Outcome:
     if trace is not None:
         evidence["fallback_ops"] = list(trace.fallback)
         evidence["executed_ops"] = list(trace.executed)
-    peak = _peak_memory(target)
+    if host:
+        evidence["host_copies"] = dict(host.by_op)
+    # Host execution from two independent sources: the backend's tracking and copies seen inside an op.
+    on_host = sorted({*(trace.fallback if trace is not None else ()), *host.ops})
+    peak = target.peak_memory()
     if peak is not None:
         evidence["peak_device_memory_bytes"] = peak
     if error is not None:
@@ -144,12 +149,13 @@ def execute_model_case(case: Case, ctx) -> Outcome:
     if not verdict:
         evidence["mismatches"] = [m.to_dict() for m in result.mismatches[:10]]
         message = result.summary()
-        if trace is not None and trace.fallback:
-            message += f" [host fallback: {', '.join(trace.fallback[:3])}]"
+        if on_host:
+            message += f" [host fallback: {', '.join(on_host[:3])}]"
         return Outcome(case_id=case.id, status=Status.MISMATCH, message=message, evidence=evidence, timings=timings)
-    if trace is not None and trace.fallback:
+    if on_host:
+        seen = f" [seen in the profile: {host.describe()}]" if host else ""
         return Outcome(case_id=case.id, status=Status.CPU_FALLBACK, evidence=evidence, timings=timings,
-                       message=f"numerically right, but ran on the host: {', '.join(trace.fallback[:4])}")
+                       message=f"numerically right, but ran on the host: {', '.join(on_host[:4])}{seen}")
     return Outcome(case_id=case.id, status=Status.PASS, message=f"all {result.leaves} compared tensors match",
                    evidence=evidence, timings=timings)
 
@@ -160,16 +166,6 @@ def probe_model_reference(case: Case, ctx) -> None:
 
     config = ModelConfig.from_dict(dict(case.config))
     run_side(build(config), config, ctx.reference.device, in_place=True)
-
-
-def _peak_memory(target, reset: bool = False) -> int | None:
-    module = getattr(torch, target.spec.device, None) if target.kind != "cpu" else None
-    if module is None or not hasattr(module, "max_memory_allocated"):
-        return None
-    if reset and hasattr(module, "reset_peak_memory_stats"):
-        module.reset_peak_memory_stats()
-        return None
-    return int(module.max_memory_allocated())
 
 
 def write_model_repro(case: Case, outcome: Outcome, ctx) -> str | None:

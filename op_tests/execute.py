@@ -22,6 +22,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from conformance.case import Case
+from conformance.host_copies import HostCopies, watch_host_copies
 from conformance.outcome import Outcome, Status
 from conformance.target import EAGER_UNDER_COMPILE, Compiled
 from diff.judge import Judge, classify_error
@@ -205,6 +206,9 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     compiled_graphs: list[int] = []  # compile targets: graphs per sample
     device_type = target.device.type
 
+    # Host<->device copies need a device to copy from; the execution trace cannot record sparse tensors.
+    watch = target.device.type != "cpu" and not _has_sparse(samples)
+    host = HostCopies()
     with target.track_ops() as tracker:
         for i, sample in enumerate(samples):
             seed = case.seed * 100_003 + i
@@ -226,9 +230,11 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             timer.add("reference", t0)
 
             t0 = time.perf_counter()
-            tgt = run_op(op, rule, sample, target_parts, backward=backward, device=target.device, seed=seed,
-                           prepare=target.prepare if target.compiles else None)
-            target.synchronize()
+            with watch_host_copies(watch, allowed=len(rule.cpu_arguments)) as seen:
+                tgt = run_op(op, rule, sample, target_parts, backward=backward, device=target.device, seed=seed,
+                             prepare=target.prepare if target.compiles else None)
+                target.synchronize()
+            host.add(seen)
             timer.add("target", t0)
 
             t0 = time.perf_counter()
@@ -253,11 +259,17 @@ def execute_op_case(case: Case, ctx) -> Outcome:
         if inputs is None or not ctx.cache.put(case.id, {**entry, "generator": generator_digest(), "inputs": inputs}):
             ctx.cache.put(case.id, entry)
     trace = tracker.trace
-    outcome = _aggregate(case, verdicts, worst, trace, timer.totals, rule, nondeterministic, cached=cache_ok)
+    outcome = _aggregate(case, verdicts, worst, trace, timer.totals, rule, nondeterministic, cached=cache_ok,
+                         host=host)
     if compiled_graphs:
         outcome.evidence["compiled_graphs"] = compiled_graphs
     return outcome
 
+
+
+def _has_sparse(samples) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.layout != torch.strided
+               for sample in samples for t in tree_leaves(sample_parts(sample)))
 
 
 def judge_sample(i, op, rule, sample, parts, ref: SideResult, tgt: SideResult, *, backward, seed, judge: Judge,
@@ -310,7 +322,9 @@ def _poison_free_memory(like) -> None:
 SEVERITY = (Status.MISMATCH, Status.ERROR, Status.UNSUPPORTED)
 
 
-def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *, cached) -> Outcome:
+def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *, cached, host: HostCopies) -> Outcome:
+    """The case's outcome from its samples' verdicts. Host execution comes from two independent sources:
+    the backend's own tracking (``trace.fallback``) and host<->device copies seen inside an op (``host``)."""
     by_status: dict[str, int] = {}
     for v in verdicts:
         by_status[v.status.value] = by_status.get(v.status.value, 0) + 1
@@ -335,6 +349,9 @@ def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *,
     if trace is not None:
         evidence["fallback_ops"] = list(trace.fallback)
         evidence["executed_ops"] = list(trace.executed)
+    if host:
+        evidence["host_copies"] = dict(host.by_op)
+    on_host = sorted({*(trace.fallback if trace is not None else ()), *host.ops})
     status = Status.PASS
     message = f"{by_status.get('pass', 0)} / {len(verdicts)} samples match"
     for s in SEVERITY:
@@ -352,14 +369,16 @@ def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *,
             status = Status.SKIP
             reasons = sorted({v.message for v in verdicts})
             message = f"no sample could be judged: {reasons[0]}" if reasons else "no samples"
-        elif trace is not None and trace.fallback:
+        elif on_host:
             status = Status.CPU_FALLBACK
-            message = f"numerically right, but ran on the host: {', '.join(trace.fallback[:4])}"
+            message = f"numerically right, but ran on the host: {', '.join(on_host[:4])}"
+            if host:
+                message += f" [seen in the profile: {host.describe()}]"
     if nondeterministic and status in (Status.PASS, Status.CPU_FALLBACK):
         message += (f" ({len(nondeterministic)} compared by metadata only: the CPU reference does not reproduce "
                     "its own result for them)")
-    if status is Status.MISMATCH and trace is not None and trace.fallback:
-        message += f" [host fallback: {', '.join(trace.fallback[:3])}]"
+    if status is Status.MISMATCH and on_host:
+        message += f" [host fallback: {', '.join(on_host[:3])}]"
     return Outcome(case_id=case.id, status=status, message=message, evidence=evidence, timings=timings,
                    cached_reference=cached)
 

@@ -60,6 +60,26 @@ def check_runs(obs: dict, ctx: CheckContext) -> list[Finding]:
                           f"({ref.get('seconds', 0):.1f} s)")]
 
 
+def check_target_used(obs: dict, ctx: CheckContext) -> list[Finding]:
+    """A script that never put anything on the target proves nothing about it, however well it ran."""
+    tgt = obs.get("target", {})
+    if not tgt.get("ran") or tgt.get("error") or tgt.get("crash"):
+        return []
+    executed, peak = tgt.get("executed_ops"), tgt.get("device_memory_peak")
+    if executed is None and peak is None:
+        return []  # the backend can tell neither: the other checks are all there is
+    if (executed or 0) > 0 or (peak or 0) > 0:
+        return []
+    seen = "no op ran on" if executed is not None else "no memory was allocated on"
+    return [Finding(
+        check="target-used", severity="error", subject="unused",
+        title=f"the script never used the target device: {seen} {ctx.device} while it ran",
+        detail="everything ran on the CPU, so nothing about the target was tested",
+        hint=(f"move the model and its inputs to the device (model.to(device), batch.to(device)) with device = "
+              f"torch.accelerator.current_accelerator(); drop options that turn the accelerator off (--no-accel, "
+              f"--cpu), or pass --device {{device}} after -- if the script takes one"))]
+
+
 # ---------------------------------------------------------------- numerics
 def _growth(layers: list[dict]) -> str:
     forward = [x for x in layers if x["phase"] == "forward"]
@@ -164,16 +184,21 @@ def check_numerics(obs: dict, ctx: CheckContext) -> list[Finding]:
 
 # ---------------------------------------------------------------- host fallback
 def check_fallback(obs: dict, ctx: CheckContext) -> list[Finding]:
-    ops = obs.get("target", {}).get("fallback_ops") or []
+    tracked = obs.get("target", {}).get("fallback_ops") or []
+    # Seen independently of the backend: host<->device copies inside the op during the layer comparison.
+    copies = (obs.get("localization") or {}).get("host_copies") or {}
     sources = obs.get("op_sources") or {}
     findings = []
-    for op in ops:
+    for op in sorted({*tracked, *copies}):
         where = sources.get(op, [])
+        seen = [] if op not in copies else [
+            f"seen in the execution trace: {copies[op]} host<->device copies inside {op}"
+            + ("" if op in tracked else " (the backend did not report it)")]
         findings.append(Finding(
             check="host-fallback", severity="warning", subject=op,
             title=f"{op} ran on the host (CPU fallback) instead of the device",
             where=where[0] if where else None,
-            detail=("also at " + ", ".join(where[1:])) if len(where) > 1 else "",
+            detail="; ".join([*seen, *(["also at " + ", ".join(where[1:])] if len(where) > 1 else [])]),
             hint="each call copies its inputs to the host and the result back; keep it out of the hot loop, "
                  "or replace it with ops the device implements",
         ))
@@ -252,6 +277,11 @@ def check_recompilation(obs: dict, ctx: CheckContext) -> list[Finding]:
     if not comp:
         return []
     events = comp.get("events") or []
+    # The model's train()/eval() mode at each compilation: each graph dynamo handed over starts at an event.
+    starts = sorted((start, mode) for start, mode in comp.get("training") or [] if start is not None)
+    if starts:
+        events = [{**e, "training": next((m for start, m in reversed(starts) if start <= i), None)}
+                  for i, e in enumerate(events)]
     families: dict[tuple, list[dict]] = defaultdict(list)
     for e in events:
         families[(tuple(len(s) for s in e["shapes"]), tuple(e["dtypes"]))].append(e)
@@ -285,7 +315,18 @@ def check_recompilation(obs: dict, ctx: CheckContext) -> list[Finding]:
                       + "; ".join(hints)),
                 data={"compilations": len(items), "shapes": len(signatures),
                       "varying": [{"input": i, "dim": d, "values": v} for i, d, v in varying]}))
-        repeated = {s: n for s, n in signatures.items() if n > 1}
+        # A model compiled in train() and again in eval() has one graph per mode: expected, and said so.
+        per_mode = defaultdict(int)
+        for e in items:
+            per_mode[(tuple(tuple(s) for s in e["shapes"]), e.get("training"))] += 1
+        switches = sum(1 for (s, mode) in per_mode if mode is not None) - len(
+            {s for (s, mode) in per_mode if mode is not None})
+        if switches:
+            findings.append(Finding(
+                check="recompilation", severity="info", subject=f"modes{len(findings)}",
+                title=f"compiled again {switches} time{'s' if switches != 1 else ''} on switches between "
+                      "model.train() and model.eval(): one graph per mode, as expected"))
+        repeated = {s: n for (s, _), n in per_mode.items() if n > 1}
         if repeated:
             findings.append(Finding(
                 check="recompilation", severity="warning", subject=f"repeat{len(findings)}",
@@ -343,18 +384,49 @@ def curve_comparison(obs: dict, tolerance: CurveTolerance) -> CurveComparison | 
     return compare_curves(LossCurve.from_dict(ref), LossCurve.from_dict(tgt), tolerance)
 
 
+def device_random_stream_differs(obs: dict) -> bool:
+    """Whether the target's random numbers may differ from the CPU's for the same seed: on real devices yes;
+    on the emulated device only under a profile with a random stream of its own."""
+    manifest = (obs.get("manifest") or {}).get("target") or {}
+    profile = manifest.get("emulator_profile")
+    if manifest.get("kind") == "neuron-emulated" and isinstance(profile, dict):
+        return bool(profile.get("independent_rng"))
+    return manifest.get("kind") != "cpu"
+
+
+RANDOM_OP_MARKERS = ("dropout", "bernoulli", "rand", "normal", "uniform", "multinomial", "exponential")
+
+
 def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
     findings = []
     ref_fp = (obs.get("reference") or {}).get("fingerprints") or {}
     tgt_fp = (obs.get("target") or {}).get("fingerprints") or {}
     differ = [k for k in ("parameters", "inputs") if k in ref_fp and k in tgt_fp and ref_fp[k] != tgt_fp[k]]
+    rng_differs = device_random_stream_differs(obs)
     start_hint = ""
-    if differ:
-        start_hint = (f"the two runs start from different {' and '.join(differ)}: the script draws them on the "
-                      "device, whose random numbers differ from the CPU's; draw them on the CPU and move them")
-        findings.append(Finding(check="same-start", severity="warning", subject="+".join(differ),
-                                title=f"the reference and the target start from different {' and '.join(differ)}",
+    if "parameters" in differ:
+        # Three causes, three hints: the weights, the data, or the device's random numbers.
+        start_hint = ("the model's initial weights are drawn on the device, whose random numbers differ from the "
+                      "CPU's: build the model on the CPU after torch.manual_seed, then move it with .to(device)"
+                      if rng_differs else
+                      "not the device's random numbers (under this profile its stream equals the CPU's): the script "
+                      "initialises or loads the model differently when an accelerator is present")
+        findings.append(Finding(check="same-start", severity="warning", subject="weights",
+                                title="the reference and the target start from different weights",
+                                detail="the parameters differ at the model's first call" +
+                                       (" (and so does its first input)" if "inputs" in differ else ""),
                                 hint=start_hint))
+    elif "inputs" in differ:
+        start_hint = ("the script's data depends on the device: it shuffles, samples or loads differently when an "
+                      "accelerator is present (DataLoader options set only for an accelerator), or draws data on the "
+                      "device; make the pipeline the same on both sides (same seed, shuffled on the CPU)"
+                      + ("" if rng_differs else "; not the device's random numbers: under this profile its stream "
+                                                "equals the CPU's"))
+        findings.append(Finding(check="same-start", severity="warning", subject="data",
+                                title="the reference and the target see different data or data order: their first "
+                                      "batches differ (same weights)",
+                                hint=start_hint))
+    random_ops = [op for op in (obs.get("target") or {}).get("random_ops") or []]
     cmp = curve_comparison(obs, ctx.curve_tolerance)
     if cmp is None:
         return findings
@@ -367,6 +439,15 @@ def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
         findings.append(Finding(check="loss-curves", severity="warning",
                                 title=f"{cmp.summary()} (inconclusive: the runs start from different {' and '.join(differ)})",
                                 detail=ctx.curve_tolerance.describe(), hint=start_hint, data=data))
+    elif rng_differs and random_ops and _layers_match(obs):
+        # Same start, layers match with dropout off: what is left is the device's own random numbers.
+        findings.append(Finding(
+            check="loss-curves", severity="warning",
+            title=f"{cmp.summary()} (the device draws its own random numbers: {', '.join(random_ops[:3])})",
+            detail=ctx.curve_tolerance.describe(),
+            hint="dropout masks and other random draws differ from the CPU's by design, so the curves drift "
+                 "apart; the layer comparison (random ops off) found no difference. Compare with dropout off, or "
+                 "over more steps, to judge training itself", data=data))
     else:
         findings.append(Finding(check="loss-curves", severity="error", title=cmp.summary(),
                                 detail=(cmp.note + "\n" if cmp.note else "") + ctx.curve_tolerance.describe(),
@@ -382,8 +463,37 @@ def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
     return findings
 
 
-CHECKS = (check_runs, check_numerics, check_fallback, check_placement, check_recompilation, check_wide_dtypes,
-          check_curves)
+# ---------------------------------------------------------------- outputs
+def check_outputs(obs: dict, ctx: CheckContext) -> list[Finding]:
+    """Files the script writes: each side writes into a working directory of its own, except files that
+    existed before, which both sides write through."""
+    sides = {side: (obs.get(side) or {}).get("outputs") or {} for side in ("reference", "target")}
+    findings = []
+    both = sorted(set(sides["reference"].get("overwritten", [])) | set(sides["target"].get("overwritten", [])))
+    if both:
+        findings.append(Finding(
+            check="outputs", severity="warning", subject="overwritten",
+            title=f"both sides wrote {', '.join(both[:3])}{' ...' if len(both) > 3 else ''} in your working "
+                  "directory: the file that remains is one side's, and either side may have read the other's",
+            hint="write outputs to a new path (a {device} placeholder after -- makes one per side), or remove the "
+                 "file before the check"))
+    created = sides["target"].get("created", [])
+    if created:
+        findings.append(Finding(
+            check="outputs", severity="info", subject="created",
+            title=f"the script wrote {len(created)} file{'s' if len(created) != 1 else ''} "
+                  f"({', '.join(created[:3])}{' ...' if len(created) > 3 else ''}); each side's are kept apart",
+            detail=f"target: {sides['target'].get('cwd', '')}; reference: {sides['reference'].get('cwd', '')}"))
+    return findings
+
+
+def _layers_match(obs: dict) -> bool:
+    loc = obs.get("localization")
+    return bool(loc and loc.get("ok") and loc.get("reference_deterministic", True))
+
+
+CHECKS = (check_runs, check_target_used, check_numerics, check_fallback, check_placement, check_recompilation, check_wide_dtypes,
+          check_curves, check_outputs)
 
 
 def run_checks(obs: dict, ctx: CheckContext) -> list[Finding]:

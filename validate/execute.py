@@ -45,6 +45,66 @@ def _output_to(folder: str):
             os.close(saved[1])
 
 
+MIRROR_LIMIT = 2000  # entries of one folder mirrored link by link; a larger folder is linked whole
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def _mirror(source: str, into: Path, depth: int, originals: dict[str, tuple | None], skip: str) -> None:
+    """``into`` gets a symbolic link to each entry of ``source``; folders (to ``depth``) become real folders of
+    links, so that a file the script creates lands in ``into``. The linked files' stamps go to ``originals``."""
+    try:
+        entries = list(os.scandir(source))
+    except OSError:
+        return
+    for entry in entries:
+        target = into / entry.name
+        if skip == entry.path or skip.startswith(entry.path + os.sep):  # the harness's own output folder
+            if not target.exists():
+                target.symlink_to(entry.path)
+            continue
+        if entry.is_dir(follow_symlinks=False) and depth > 0 and len(entries) <= MIRROR_LIMIT:
+            target.mkdir(exist_ok=True)
+            _mirror(entry.path, target, depth - 1, originals, skip)
+            continue
+        if not target.exists():
+            target.symlink_to(entry.path)
+        if entry.is_file():
+            originals[entry.path] = _stamp(entry.path)
+
+
+@contextmanager
+def _own_working_directory(folder: str):
+    """The side runs in a working directory of its own, so that the two sides' outputs cannot overwrite each
+    other: a mirror of the user's working directory whose entries are links (relative inputs still resolve).
+    Yields a dict filled at the end: ``created`` (files the side wrote, kept in its folder) and ``overwritten``
+    (existing files of the user's directory it wrote through a link: both sides write those)."""
+    original = os.getcwd()
+    here = Path(folder) / "cwd"
+    here.mkdir(parents=True, exist_ok=True)
+    originals: dict[str, tuple | None] = {}
+    _mirror(original, here, 2, originals, os.path.abspath(folder))
+    files: dict = {"cwd": str(here), "created": [], "overwritten": []}
+    os.chdir(here)
+    try:
+        yield files
+    finally:
+        os.chdir(original)
+        for root, dirs, names in os.walk(here):
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+            files["created"] += sorted(os.path.relpath(os.path.join(root, n), here) for n in names
+                                       if not os.path.islink(os.path.join(root, n)))
+        files["overwritten"] = sorted(os.path.relpath(p, original) for p, stamp in originals.items()
+                                      if _stamp(p) != stamp)
+        files["created"] = files["created"][:50]
+
+
 def execute_side(case: Case, ctx) -> Outcome:
     spec = ChildSpec.from_config(case.config)
 
@@ -53,11 +113,17 @@ def execute_side(case: Case, ctx) -> Outcome:
 
     warnings.simplefilter("default")  # as `python SCRIPT` shows them
     with _output_to(spec.out):
-        if spec.convention == FUNCTIONS:
+        if spec.convention == FUNCTIONS:  # one process runs every side: nothing to collide with
             from .functions import observe
+
+            observations = observe(spec, progress)
         else:
             from .training import observe
-        observations = observe(spec, progress)
+
+            with _own_working_directory(spec.out) as files:
+                observations = observe(spec, progress)
+            if isinstance(observations.get(spec.side), dict):
+                observations[spec.side]["outputs"] = files
     return Outcome(case_id=case.id, status=Status.PASS, message=f"{spec.side} side observed",
                    evidence={"observations": json_ready(observations)})
 

@@ -102,8 +102,10 @@ def _neutralise_dropout(model) -> int:
     return neutralise_dropout(model)
 
 
-def _pass(model, args, kwargs, device, *, double: bool, loss, prepare=None):
-    """(output tensors, parameter gradients, what was called) of one forward and backward pass, on the CPU."""
+def _pass(model, args, kwargs, device, *, double: bool, loss, prepare=None, grad_output=None):
+    """(output tensors, parameter gradients, what was called) of one forward and backward pass, on the CPU.
+
+    The backward pass starts from ``loss(output)``, else from ``grad_output`` (see diff.localize)."""
     import torch
     from torch.utils._pytree import tree_flatten
 
@@ -111,6 +113,7 @@ def _pass(model, args, kwargs, device, *, double: bool, loss, prepare=None):
 
     run = run_model(model, device=device, dtype=torch.float64 if double else None, inputs=(tuple(args), dict(kwargs)),
                     loss=(lambda out, batch: loss(out)) if loss is not None else None, prepare=prepare,
+                    grad_output=grad_output, loss_optional=loss is None,
                     keep_output=lambda out: [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)])
     grads = None
     if run.grads is not None:
@@ -213,7 +216,7 @@ def _observe(spec: ChildSpec, result: dict, progress) -> None:
                               "op": failure["op"]}
         if target.compiles and not failure:
             progress(side="target", phase="compile")
-            result["compiled"] = _compiled_check(model, args, kwargs, target=target, reference=reference,
+            result["compiled"] = compiled_check(model, args, kwargs, target=target, reference=reference,
                                                  loss=loss_fn, files=files)
             if result["compiled"].get("error"):
                 tgt_side.error = result["compiled"]["error"]
@@ -269,8 +272,20 @@ def _optimizer_factory(module):
     return lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9)
 
 
-def _compiled_check(model, args, kwargs, *, target, reference, loss, files) -> dict:
-    """The compiled target's outputs and gradients against the eager reference and the float64 golden."""
+def compiled_check(model, args, kwargs, *, target, reference, loss=None, grad_output=None, files=()) -> dict:
+    """The compiled target's outputs and gradients against the eager reference and the float64 golden.
+
+    Dropout is off on every side (diff.localize.random_ops), in the compiled code too: masks drawn by two
+    generators are not comparable.
+    """
+    from diff.localize.random_ops import NeutralDropout
+
+    with NeutralDropout():
+        return _compiled_check(model, args, kwargs, target=target, reference=reference, loss=loss,
+                               grad_output=grad_output, files=files)
+
+
+def _compiled_check(model, args, kwargs, *, target, reference, loss, grad_output, files) -> dict:
     from diff import TolerancePolicy
     from diff.judge import Judge
 
@@ -278,15 +293,16 @@ def _compiled_check(model, args, kwargs, *, target, reference, loss, files) -> d
 
     from diff.sides import to_device
 
+    common = dict(loss=loss, grad_output=grad_output)
     judge = Judge(tolerance=TolerancePolicy().for_dtype(type(model).__name__, scope="model"))
-    ref_out, ref_grads, _ = _pass(model, args, kwargs, reference.device, double=False, loss=loss)
+    ref_out, ref_grads, _ = _pass(model, args, kwargs, reference.device, double=False, **common)
 
     @functools.cache
     def golden():  # only when a comparison needs it; a failure means judging against the reference alone
-        return _pass(model, args, kwargs, "cpu", double=True, loss=loss)
+        return _pass(model, args, kwargs, "cpu", double=True, **common)
 
     try:
-        out, grads, compiled = _pass(model, args, kwargs, target.device, double=False, loss=loss, prepare=target.prepare)
+        out, grads, compiled = _pass(model, args, kwargs, target.device, double=False, prepare=target.prepare, **common)
         again_args, again_kwargs = to_device((tuple(args), dict(kwargs)), target.device)
         compiled(*again_args, **again_kwargs)  # same shapes again: must not recompile
     except Exception as exc:  # noqa: BLE001

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -158,8 +159,8 @@ def print_summary(report: dict, console) -> None:
         if f.get("where"):
             text += f"\n  at {escape(f['where'])}"
         if f["severity"] != "info" and f.get("detail"):
-            for line in f["detail"].splitlines()[:4]:
-                text += f"\n  [dim]{escape(line[:220])}[/]"
+            for line in f["detail"].splitlines()[:4]:  # long lines end at a word, never inside one
+                text += f"\n  [dim]{escape(textwrap.shorten(line, width=240, placeholder=' ...'))}[/]"
         if f["severity"] != "info" and f.get("hint"):
             text += f"\n  [cyan]hint:[/] {escape(f['hint'])}"
         table.add_row(f"[{style}]{SEVERITY_MARK[f['severity']]}[/]", f"[{style}]{f['check']}[/]", text)

@@ -187,9 +187,14 @@ def _check_training_script(options: ValidateOptions, data: dict) -> None:
         if error.get("import_error"):
             raise ScriptProblem(f"the script fails to import: {error['message']}{where}")
         hint = ""
-        if "neuron" in error["message"].lower():
+        message = error["message"].lower()
+        if "neuron" in message:
             hint = ("; the script names the neuron device directly: pick it with torch.accelerator or a "
                     "--device option so that the reference can run on the CPU")
+        elif any(m in message for m in ("nvidia driver", "cuda", "torch not compiled with cuda")):
+            hint = ("; the script is hard-wired to CUDA: if it takes a device option, pass the placeholder "
+                    "{device} for it after -- (for example: -- --device={device}), which each side replaces with "
+                    "its own device; otherwise pick the device with torch.accelerator.current_accelerator()")
         raise ScriptProblem(f"the script fails on the reference ({options.reference}): {error['message']}{where}{hint}")
     if not ref.get("model") and not ref.get("curve"):
         raise ScriptProblem("no model found: the script defines no get_model() and get_inputs() (or model and "

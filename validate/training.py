@@ -32,6 +32,7 @@ import os
 import runpy
 import sys
 import time
+import weakref
 
 from conformance.target import GraphCounter
 
@@ -64,6 +65,21 @@ class _State:
         self.notes: list[str] = []
         self.compiled_graphs = None  # a GraphCounter: the graphs compiled on this side
         self.counters: list = []
+        # The model's call that is compared: the first that builds a graph for gradients; a first call
+        # without gradients (eval under no_grad, as nanoGPT's estimate_loss) is kept only until one does.
+        self.grad_call = False
+        self.autocast = None  # the dtype of the autocast region the compared call ran in, if any
+        self.calls_without_grad = 0
+        self.root = None  # the compared model (a weak reference)
+        # Per graph dynamo hands over: [index of the backend's first compile event for it, was the model in
+        # train() mode] (the backend records forward and backward graphs as events of their own).
+        self.graph_modes: list = []
+        self.compile_events = None  # the emulated backend's event list, where there is one
+
+    def note_graph(self, gm) -> None:
+        root = self.root() if self.root is not None else None
+        start = len(self.compile_events) if self.compile_events is not None else None
+        self.graph_modes.append([start, None if root is None else bool(root.training)])
 
 
 def _script_args(spec: ChildSpec, device: str, device_option: str | None) -> list[str]:
@@ -106,7 +122,17 @@ def _install(state: _State, torch, here) -> dict:
             return orig_call(self, *args, **kwargs)
         if not any(True for _ in self.parameters()):
             return orig_call(self, *args, **kwargs)
-        state.captured = True
+        builds_graph = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        if not builds_graph:
+            state.calls_without_grad += 1
+            if not state.root_type:  # the first call: kept until a call with gradients replaces it
+                _capture(state, torch, getattr(self, "_orig_mod", self), args, kwargs, here)
+            state.depth += 1  # its submodules' calls are not the model's
+            try:
+                return orig_call(self, *args, **kwargs)
+            finally:
+                state.depth -= 1
+        state.captured = state.grad_call = True
         root = getattr(self, "_orig_mod", self)
         _capture(state, torch, root, args, kwargs, here)
         module = self
@@ -142,7 +168,7 @@ def _install(state: _State, torch, here) -> dict:
             return model
         # Every graph the script compiles on the target is counted, whichever backend it names.
         if "backend" in kwargs:
-            kwargs["backend"] = GraphCounter(kwargs["backend"])
+            kwargs["backend"] = GraphCounter(kwargs["backend"], on_graph=state.note_graph)
             state.counters.append(kwargs["backend"])
         else:
             kwargs["backend"] = state.compiled_graphs
@@ -155,17 +181,28 @@ def _install(state: _State, torch, here) -> dict:
 
 
 def _capture(state: _State, torch, root, args, kwargs, target) -> None:
-    """At the model's first call: a copy of it, its inputs, and what the target will do with them."""
+    """At the compared call: a copy of the model, its inputs, and what the target will do with them.
+
+    Called again for a later call that builds a graph when the first ran without gradients; each capture
+    replaces the last, so both sides always describe the same call.
+    """
     from diff.sides import to_device
 
-    state.first_call_time = time.perf_counter()
+    first = state.first_call_time is None
+    if first:
+        state.first_call_time = time.perf_counter()
     state.root_type = type(root).__name__
+    state.root = weakref.ref(root)
     state.fingerprints = {"parameters": fingerprint(root.state_dict().values()),
                           "inputs": fingerprint(t for _, t in named_inputs(args, kwargs))}
+    device_type = target.device.type if state.spec.side == "target" else "cpu"
+    state.autocast = (str(torch.get_autocast_dtype(device_type)).removeprefix("torch.")
+                      if torch.is_autocast_enabled(device_type) else None)
     if state.spec.side != "target":
         return
-    state.root_scan = placement_scan(root, target.device.type)
-    state.wide = wide_tensors([*named_inputs(args, kwargs), *root.named_parameters(), *root.named_buffers()])
+    if first:
+        state.root_scan = placement_scan(root, target.device.type)
+        state.wide = wide_tensors([*named_inputs(args, kwargs), *root.named_parameters(), *root.named_buffers()])
     if not state.spec.localize:
         return
     try:
@@ -174,6 +211,38 @@ def _capture(state: _State, torch, root, args, kwargs, target) -> None:
     except Exception as exc:  # noqa: BLE001 - a model that cannot be copied is still validated, without layers
         state.notes.append(f"layer localisation skipped: the model cannot be copied ({type(exc).__name__}: {exc})")
         state.snapshot = None
+
+
+def _autocast_call(dtype_name: str | None):
+    """The model's call as the script made it: inside autocast of that dtype on each side's device (not on
+    the float64 golden, whose point is full precision)."""
+    if dtype_name is None:
+        return None
+    import torch
+
+    from diff.sides import call_model
+
+    dtype = getattr(torch, dtype_name)
+
+    def call(model, args, kwargs):
+        param = next(model.parameters(), None)
+        if param is None or param.dtype == torch.float64:
+            return call_model(model, (args, kwargs))
+        with torch.autocast(device_type=param.device.type, dtype=dtype):
+            return call_model(model, (args, kwargs))
+
+    return call
+
+
+def _why_no_gradients(state: _State) -> str | None:
+    """Why the compared call's gradients cannot be compared, in the user's terms (None: they can)."""
+    if not state.captured and state.root_type:
+        return ("the model was only called without gradients (eval under torch.no_grad or inference_mode); "
+                "its outputs are compared, its gradients cannot be")
+    if state.grad_call and not any(g is not None for g in state.grad_output):
+        return ("no gradient reached the model's output from the script's backward() (the script stopped "
+                "before it, or the loss does not depend on this call's output)")
+    return None
 
 
 def observe(spec: ChildSpec, progress) -> dict:
@@ -207,12 +276,14 @@ def observe(spec: ChildSpec, progress) -> dict:
         from emulator import compile_backend
 
         compile_backend.clear_compile_events()
-    state.compiled_graphs = GraphCounter(here.compile_backend())
+        state.compile_events = compile_backend.compile_events
+    state.compiled_graphs = GraphCounter(here.compile_backend(), on_graph=state.note_graph)
     state.counters.append(state.compiled_graphs)
     originals = _install(state, torch, here)
     start = time.perf_counter()
     progress(side=spec.side, phase="run")
     stopped = False
+    here.peak_memory(reset=True)
     with here.track_ops() as tracker:
         try:
             runpy.run_path(spec.script, run_name="__main__")
@@ -240,25 +311,46 @@ def observe(spec: ChildSpec, progress) -> dict:
 
         side.curve = LossCurve(label=here.describe(), losses=tuple(state.losses), step_seconds=tuple(steps)).to_dict()
     side.extra["stopped_at_steps"] = stopped
-    side.extra["model"] = {"class": state.root_type} if state.captured else None
+    side.extra["model"] = {"class": state.root_type} if state.root_type else None
     if spec.side == "target":
         trace = tracker.trace
         side.extra["fallback_ops"] = list(trace.fallback) if trace else []
         side.extra["executed_ops"] = len(trace.executed) if trace else None
+        from .checks import RANDOM_OP_MARKERS
+
+        side.extra["random_ops"] = [op for op in (trace.executed if trace else ())
+                                    if any(m in op for m in RANDOM_OP_MARKERS)]
+        side.extra["device_memory_peak"] = here.peak_memory()  # evidence of use where ops are not tracked
         side.extra["placement"] = state.root_scan or {"cpu_state": [], "plain_tensors": []}
         side.extra["wide_tensors"] = state.wide
         if here.compiles:
-            side.extra["compile"] = {**compile_observations(), "graphs": sum(c.graphs for c in state.counters)}
+            side.extra["compile"] = {**compile_observations(), "graphs": sum(c.graphs for c in state.counters),
+                                     "training": state.graph_modes}
+        why = _why_no_gradients(state)
+        if why:
+            result["gradients_not_compared"] = why
+        if state.autocast:
+            result["notes"].append(f"the compared call ran under autocast ({state.autocast}); the layer "
+                                   "comparison runs it so on both sides")
         if state.snapshot is not None:
             progress(side="target", phase="localize")
             grad = _upstream_gradient(state.grad_output, state.output_sizes)
             args, kwargs = state.inputs
+            reference = resolve_target("cpu")
             try:
                 result.update(localization_observations(state.snapshot, args, kwargs, target=here,
-                                                        reference=resolve_target("cpu"), grad_output=grad,
-                                                        files=[spec.script]))
+                                                        reference=reference, grad_output=grad,
+                                                        files=[spec.script], call=_autocast_call(state.autocast)))
             except Exception as exc:  # noqa: BLE001 - localisation is evidence, never a reason to lose the run
                 result["localization_error"] = error_info(exc, files=[spec.script])["message"]
+            if here.compiles and side.error is None:
+                # The compiled model's outputs (and gradients) against the eager reference, as in the
+                # functions convention: a compiler bug is a numerics finding, not a loss-curve wobble.
+                from .functions import compiled_check
+
+                progress(side="target", phase="compile")
+                result["compiled"] = compiled_check(state.snapshot, args, kwargs, target=here, reference=reference,
+                                                    grad_output=grad, files=[spec.script])
     result["side"] = spec.side
     result[spec.side] = side.to_dict()
     result["notes"] += state.notes
@@ -281,7 +373,7 @@ def _upstream_gradient(grads: list, sizes: list[int]) -> list | None:
 
 
 def _phase(state: _State) -> str:
-    if not state.captured:
+    if not state.root_type:
         return "before the model's first call"
     if not state.losses:
         return "first step"

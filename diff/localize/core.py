@@ -10,6 +10,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from conformance.host_copies import watch_host_copies
+
 from ..judge import Judge, one_line
 from ..sides import call_model, run_model
 from ..tolerances import TolerancePolicy
@@ -142,8 +144,12 @@ def _localize(model, args, kwargs, *, target_device, reference_device, tol, comm
             gold = None
     result.golden = gold is not None
 
-    tgt = run_side(model, args, kwargs, device=target_device, double=False, trace=True, **common)
+    with watch_host_copies(target_device.type != "cpu") as host:
+        tgt = run_side(model, args, kwargs, device=target_device, double=False, trace=True, **common)
     result.trace = list(tgt.tracer.events) if tgt.tracer else []
+    # An op handed CPU tensors is a placement problem (reported as such), not the backend computing on the host.
+    given_cpu = {e.op for e in result.trace if e.cpu_inputs}
+    result.host_copies = {op: n for op, n in host.by_op.items() if op not in given_cpu}
     if tgt.truncated or ref.truncated:
         result.notes.append(f"module outputs beyond {max_record_bytes >> 20} MiB were not kept")
     if tgt.error is not None:

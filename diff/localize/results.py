@@ -147,6 +147,7 @@ class Localization:
     target_failure: TargetFailure | None = None
     golden: bool = True
     reference_deterministic: bool = True
+    host_copies: dict[str, int] = field(default_factory=dict)  # op -> host<->device copies inside it (target run)
     notes: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
@@ -215,6 +216,7 @@ class Localization:
             "golden": self.golden,
             "reference_deterministic": self.reference_deterministic,
             "compared_layers": self.compared_layers,
+            "host_copies": dict(self.host_copies),
             "random_layers": [layer.label for layer in self.layers if layer.random and layer.phase == "forward"],
             "notes": list(self.notes),
         }

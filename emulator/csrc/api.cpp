@@ -14,7 +14,7 @@ void api_set_profile(std::string name, int64_t auto_cast, int64_t cast_type, boo
                      bool stochastic_rounding, int64_t stochastic_rounding_seed, bool approximate_activations,
                      int64_t knots_per_unit, std::vector<std::string> activation_ops, std::vector<double> lo,
                      std::vector<double> hi, std::vector<std::string> fallback, std::vector<std::string> unsupported,
-                     bool independent_rng) {
+                     bool independent_rng, bool rerun_failed_kernels_on_host) {
   TORCH_CHECK(activation_ops.size() == lo.size() && lo.size() == hi.size(),
               "neuron (emulated): activation table lengths differ");
   TORCH_CHECK(auto_cast >= 0 && auto_cast <= 2, "neuron (emulated): bad auto_cast ", auto_cast);
@@ -33,6 +33,7 @@ void api_set_profile(std::string name, int64_t auto_cast, int64_t cast_type, boo
   p.fallback_ops = std::move(fallback);
   p.unsupported_ops = std::move(unsupported);
   p.independent_rng = independent_rng;
+  p.rerun_failed_kernels_on_host = rerun_failed_kernels_on_host;
   set_profile(std::move(p));
 }
 
@@ -122,7 +123,7 @@ TORCH_LIBRARY(neuron_emulator, m) {
       "set_profile(str name, int auto_cast, int cast_type, bool integer_matmul_fp32, bool stochastic_rounding, "
       "int stochastic_rounding_seed, bool approximate_activations, int knots_per_unit, str[] activation_ops, "
       "float[] activation_lo, float[] activation_hi, str[] fallback_ops, str[] unsupported_ops, "
-      "bool independent_rng) -> ()",
+      "bool independent_rng, bool rerun_failed_kernels_on_host) -> ()",
       &api_set_profile);
   m.def("profile_name() -> str", &api_profile_name);
   m.def("set_faults(int[] kinds, str[] ops, float[] rel, str[] phase, str[] dtype, float[] probability, "

@@ -460,6 +460,12 @@ void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (!fault_applies(*f, *stack, first, nargs)) continue;
     switch (f->kind) {
       case FaultKind::Raise:
+        // Non-strict (torch_neuronx's default): the failed kernel re-runs on the host, silently; only the
+        // fallback tracking records it. Strict: the failure reaches the caller.
+        if (plan.profile && plan.profile->rerun_failed_kernels_on_host) {
+          record_fallback(plan.name, /*warn=*/false);
+          break;
+        }
         TORCH_CHECK(false, "neuron (emulated): injected fault in ", plan.name);
       case FaultKind::Crash:
         std::raise(SIGSEGV);

@@ -76,6 +76,7 @@ struct Profile {
   std::vector<std::string> fallback_ops;     // globs, run on host, tracked
   std::vector<std::string> unsupported_ops;  // globs, raise
   bool independent_rng = false;
+  bool rerun_failed_kernels_on_host = false;  // non-strict torch_neuronx: a failing kernel re-runs on the host
   uint64_t generation = 0;  // bumped on every change
 };
 // Snapshot of the active profile (cheap shared pointer copy).

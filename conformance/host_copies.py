@@ -1,0 +1,154 @@
+"""Host execution seen from the outside: host<->device copies nested inside an op's execution.
+
+A backend that computes an op on the host copies the op's inputs off the
+device and its outputs back. Whether the backend's own tracking owns up to
+it or not, those copies run through the dispatcher inside the op's call. A
+PyTorch execution trace (``torch.profiler.ExecutionTraceObserver``) records
+every dispatched op with its parent and, unlike the profiler's event list,
+the device of every tensor argument: a ``copy_`` / ``_copy_from`` between
+the CPU and another device, below a compute op, is host execution. An
+explicit transfer (``tensor.cpu()``, the harness moving results) has only
+movement ops above the copy, and a scalar read (``item()``) is a host read
+by definition; neither counts. A copy within one device (a conjugate's
+materialisation) is not a host copy. CUDA's own size reads (``nonzero``)
+copy with the runtime, not through ``copy_``, and are not seen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+COPIES = frozenset({"aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize"})
+# Ops that only move or make room for data: above a copy they say "an explicit transfer".
+MOVEMENT = frozenset({
+    "aten::to", "aten::_to_copy", "aten::copy_", "aten::cpu", "aten::empty_strided", "aten::empty",
+    "aten::empty_like", "aten::contiguous", "aten::clone", "aten::resize_", "aten::set_", "aten::detach",
+    "aten::lift_fresh", "aten::_has_compatible_shallow_copy_type", *COPIES,
+})
+# Ops whose result is a host value: a device-to-host read inside them is what they are for.
+SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal"})
+
+
+@dataclass(slots=True)
+class HostCopies:
+    """Filled in when the watched region ends: op -> the cross-device copies seen inside it."""
+
+    by_op: dict[str, int] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.by_op)
+
+    def add(self, other: "HostCopies") -> None:
+        for op, n in other.by_op.items():
+            self.by_op[op] = self.by_op.get(op, 0) + n
+
+    @property
+    def ops(self) -> list[str]:
+        return sorted(self.by_op)
+
+    def describe(self) -> str:
+        return ", ".join(f"{op} ({n} host<->device {'copy' if n == 1 else 'copies'} inside)"
+                         for op, n in sorted(self.by_op.items()))
+
+
+def _devices(node: dict) -> set[str]:
+    """Device types of a trace node's tensor arguments (a tensor is [id, storage, offset, numel, size, device])."""
+    found = set()
+    for value in node.get("inputs", {}).get("values", []):
+        if isinstance(value, list) and len(value) == 6 and isinstance(value[5], str):
+            found.add(value[5].split(":")[0])
+    return found
+
+
+def host_executed_ops(nodes: list[dict], *, allowed: int = 0) -> dict[str, int]:
+    """From execution-trace nodes: op -> host<->device copies seen inside its calls.
+
+    A copy belongs to the innermost non-movement op above it; a copy inside another copy is the same copy.
+    ``allowed``: copies one call may make without counting, for a call given that many CPU tensors on
+    purpose (a backend may move them in).
+    """
+    by_id = {node["id"]: node for node in nodes}
+    per_call: dict[int, tuple[str, int]] = {}
+    for node in nodes:
+        if node.get("name") not in COPIES:
+            continue
+        devices = _devices(node)
+        if "cpu" not in devices or len(devices) < 2:
+            continue
+        owner, inner_copy = None, False
+        parent = by_id.get(node.get("ctrl_deps"))
+        seen = {node["id"]}
+        while parent is not None and parent["id"] not in seen:  # the trace's root is its own parent
+            seen.add(parent["id"])
+            name = parent.get("name", "")
+            if name in SCALAR_READS:
+                owner = None
+                break
+            if name in COPIES and len(_devices(parent)) > 1:
+                inner_copy = True
+                break
+            if owner is None and name.startswith("aten::") and name not in MOVEMENT:
+                owner = parent
+            parent = by_id.get(parent.get("ctrl_deps"))
+        if owner is not None and not inner_copy:
+            name, n = per_call.get(owner["id"], (owner["name"], 0))
+            per_call[owner["id"]] = (name, n + 1)
+    found: dict[str, int] = {}
+    for name, n in per_call.values():
+        if n > allowed:
+            found[name] = found.get(name, 0) + n
+    return found
+
+
+@contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """The profiler's native code logs every start and stop to stderr, whatever its log level says; those
+    lines would flood a user's terminal, one pair per case. File descriptor 2 is muted for those calls only."""
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextmanager
+def watch_host_copies(enabled: bool = True, *, allowed: int = 0) -> Iterator[HostCopies]:
+    """Records an execution trace of the region and fills the yielded HostCopies when it ends.
+
+    Off where a profiler is already running in this process: the region then runs unwatched rather than
+    failing. The trace goes to a temporary file, read and removed at the end.
+    """
+    copies = HostCopies()
+    import torch
+    from torch.profiler import ExecutionTraceObserver
+
+    if not enabled or torch.autograd._profiler_enabled():
+        yield copies
+        return
+    fd, path = tempfile.mkstemp(prefix="neuron-validate-trace-", suffix=".json")
+    os.close(fd)
+    observer = ExecutionTraceObserver().register_callback(path)
+    try:
+        with _quiet_native_stderr():
+            observer.start()
+        try:
+            yield copies
+        finally:
+            with _quiet_native_stderr():
+                observer.stop()
+                observer.unregister_callback()
+        with open(path) as f:
+            copies.by_op = host_executed_ops(json.load(f).get("nodes", []), allowed=allowed)
+    finally:
+        os.unlink(path)

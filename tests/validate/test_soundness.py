@@ -1,0 +1,122 @@
+"""Sound verdicts: faults in dropout models, scripts that never use the device, gradients of eval-first scripts,
+host execution the backend does not report, and the rough edges of real scripts.
+
+Each test runs the installed ``neuron-validate`` on a real script with, where it says so, a real fault
+injected into the emulated device or a real backend module; nothing tells the harness about either.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+from tests.validate.conftest import example
+
+SCRIPTS = os.path.join(REPO, "tests", "validate", "scripts")
+FAULT = {"NEURON_VALIDATE_FAULTS": "perturb@aten::addmm,rel=0.01"}
+
+
+def script(name: str) -> str:
+    return os.path.join(SCRIPTS, name)
+
+
+@pytest.mark.parametrize("profile", ["neuron-2.27", "exact"])
+def test_dropout_model_with_a_one_percent_fault_is_not_ready_and_named(validate, profile):
+    run = validate(example("dropout_classifier.py"), "--emulator-profile", profile, env=FAULT)
+    assert run.returncode == 1 and run.report["verdict"] == "not ready", run.stdout
+    (numerics,) = run.findings("numerics", "error")
+    assert numerics["data"]["culprit"] == "0" and numerics["data"]["op"] == "aten::addmm"
+
+
+@pytest.mark.parametrize("profile", ["neuron-2.27", "exact"])
+def test_dropout_model_without_a_fault_is_ready(validate, profile):
+    run = validate(example("dropout_classifier.py"), "--emulator-profile", profile)
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
+
+
+def test_a_script_that_ignores_the_device_is_not_ready(validate):
+    run = validate(script("forgets_device.py"))
+    assert run.returncode == 1 and run.report["verdict"] == "not ready", run.stdout
+    (unused,) = run.findings("target-used", "error")
+    assert "never used the target device" in unused["title"] and ".to(device)" in unused["hint"]
+
+
+def test_eval_first_script_has_its_gradients_compared(validate):
+    run = validate(example("eval_first_gpt.py"))
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
+    (numerics,) = run.findings("numerics", "info")
+    assert "gradients (0)" not in numerics["title"], numerics["title"]
+    assert run.report["numerics"]["gradients"]["leaves"] > 0
+
+
+def test_eval_first_backward_fault_is_found(validate):
+    run = validate(example("eval_first_gpt.py"), "--emulator-profile", "exact",
+                   env={"NEURON_VALIDATE_FAULTS": "perturb@aten::mm,rel=0.01,phase=backward"})
+    assert run.report["verdict"] == "not ready", run.stdout
+    (numerics,) = run.findings("numerics", "error")
+    assert numerics["data"]["phase"] == "backward"
+
+
+def test_compile_mode_compares_compiled_outputs_and_names_train_eval_switches(validate):
+    run = validate(example("dropout_classifier.py"), "--mode", "compile")
+    assert run.report["verdict"] == "ready", run.stdout
+    assert run.report["compiled"] and run.report["compiled"]["outputs"]["ok"]
+    assert run.findings("numerics", "info")[0]["title"].startswith("eager and compiled")
+
+
+def test_compile_only_fault_in_a_training_script_is_found(validate):
+    run = validate(example("dropout_classifier.py"), "--mode", "compile", "--emulator-profile", "exact",
+                   env={"NEURON_VALIDATE_FAULTS": "perturb@aten::addmm,rel=0.01,mode=compile"})
+    assert run.report["verdict"] == "not ready", run.stdout
+    assert run.findings("numerics", "error")[0]["subject"] == "compiled"
+
+
+def test_data_that_depends_on_the_device_is_diagnosed_as_data(validate):
+    run = validate(script("shuffles_with_accelerator.py"), "--emulator-profile", "exact")
+    (start,) = run.findings("same-start", "warning")
+    assert start["subject"] == "data" and "data order" in start["title"]
+    assert "not the device's random numbers" in start["hint"]
+
+
+def test_host_execution_the_backend_does_not_report_is_a_host_fallback(validate):
+    run = validate(script("uses_sin.py"), "--emulator-profile", "exact", "--backend-module", "tests.fixtures.host_sin",
+                   env={"PYTHONPATH": REPO})
+    fallback = {f["subject"]: f for f in run.findings("host-fallback", "warning")}
+    assert "aten::sin" in fallback, run.stdout
+    assert "did not report it" in fallback["aten::sin"]["detail"]
+    clean = validate(script("uses_sin.py"), "--emulator-profile", "exact")
+    assert not clean.findings("host-fallback"), "the device's own sin is not host execution"
+
+
+def test_hardwired_cuda_gets_a_placeholder_hint(tmp_path):
+    result = run_cli("neuron-validate", script("hardwired_cuda.py"), "--out", str(tmp_path / "out"))
+    assert result.returncode != 0
+    assert "{device}" in result.stderr and "--device={device}" in result.stderr
+
+
+def test_script_options_without_double_dash_suggest_it(tmp_path):
+    result = run_cli("neuron-validate", script("writes_outputs.py"), "--epochs", "1")
+    assert result.returncode == 2
+    assert "options for the script go after --" in result.stderr and "-- --epochs 1" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_sides_write_their_outputs_apart_and_shared_files_are_reported(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    import torch
+
+    torch.save(torch.randn(8, 4), work / "inputs.pt")
+    torch.save({}, work / "existing.pt")
+    shutil.copy(script("writes_outputs.py"), work / "train.py")
+    result = run_cli("neuron-validate", "train.py", "--json", cwd=str(work))
+    import json
+
+    report = json.loads(result.stdout)
+    outputs = {f["subject"]: f for f in report["findings"] if f["check"] == "outputs"}
+    assert "existing.pt" in outputs["overwritten"]["title"] and outputs["overwritten"]["severity"] == "warning"
+    assert "model.pt" in outputs["created"]["title"]
+    assert not (work / "model.pt").exists(), "each side's new files stay in its own folder"
