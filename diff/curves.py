@@ -17,7 +17,6 @@ training script's losses come from its own ``backward()`` calls instead.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 

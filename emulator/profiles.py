@@ -23,7 +23,7 @@ import dataclasses
 import difflib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 PROFILE_ENV = "NEURON_VALIDATE_EMULATOR_PROFILE"

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from conformance.case import Case
+from conformance.host_copies import watch_host_copies
 from conformance.outcome import Outcome, Status
 from conformance.target import EAGER_UNDER_COMPILE, ran_eagerly
 from diff.judge import Judge, classify_error, one_line

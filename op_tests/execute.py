@@ -174,7 +174,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     op = get_op(f"{case.name}.{case.family}" if case.family else case.name)
     key = op_key(op)
     rule = rule_for(key)
-    target, reference = ctx.target, ctx.reference
+    target = ctx.target  # the reference is the CPU: op samples are made there and run there
     backward = case.mode == "backward"
     timer = _Timer()
 

@@ -28,7 +28,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Iterable, Iterator
 
 from conformance.case import Case
 from conformance.outcome import Outcome, Status

@@ -34,7 +34,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from conformance.case import Case
 from conformance.outcome import Outcome, Status

@@ -151,7 +151,7 @@ def _localize(model, args, kwargs, *, target_device, reference_device, tol, comm
     given_cpu = {e.op for e in result.trace if e.cpu_inputs}
     result.host_copies = {op: n for op, n in host.by_op.items() if op not in given_cpu}
     if tgt.truncated or ref.truncated:
-        result.notes.append(f"module outputs beyond {max_record_bytes >> 20} MiB were not kept")
+        result.notes.append(f"module outputs beyond {common['max_bytes'] >> 20} MiB were not kept")
     if tgt.error is not None:
         failing = next((e for e in reversed(result.trace) if e.failed), None)
         result.target_failure = TargetFailure(

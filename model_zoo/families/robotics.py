@@ -16,7 +16,7 @@ image side (visuomotor) or the state dimension (MLP).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

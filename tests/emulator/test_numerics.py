@@ -7,7 +7,6 @@ import warnings
 import pytest
 import torch
 
-import emulator
 from emulator.profiles import ProfileError, resolve_profile
 
 

@@ -80,3 +80,29 @@ def test_one_worker_compiles_every_configuration_of_one_model_class(tmp_path):
     for outcome in outcomes:
         assert outcome.status is Status.MISMATCH, outcome.message
         assert outcome.evidence["compiled_graphs"] >= 1
+
+
+def test_host_execution_the_backend_does_not_report_is_cpu_fallback(tmp_path):
+    """tanh run on the host by a backend module, unknown to the device's tracking: the model case says so."""
+    import os
+
+    from tests.conftest import REPO
+
+    config = default_config_for("robotics/gaussian_mlp")
+    env = {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact", "HOST_OPS": "tanh",
+           "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+    settings = RunSettings(target="neuron", timeout_s=600, artifacts_dir=str(tmp_path / "artifacts"), env=env,
+                           backend_modules=("tests.fixtures.host_ops",))
+    with ResultStore.open(tmp_path) as store:
+        run_suite([model_case(config)], settings=settings, plugins=[StoreWriter(store)], build_id="b", manifest={},
+                  target_label="neuron", jobs=1)
+        (row,) = store.results("b")
+    assert row.outcome.status is Status.CPU_FALLBACK, row.outcome.message
+    assert row.outcome.evidence["host_copies"]["aten::tanh"] >= 2
+    assert "aten::tanh" not in row.outcome.evidence["fallback_ops"]
+
+
+def default_config_for(arch):
+    from model_zoo import default_config
+
+    return default_config(arch, mode="train")

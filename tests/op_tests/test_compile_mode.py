@@ -10,7 +10,6 @@ in the emulated device's graphs) and check that no sample got away.
 from __future__ import annotations
 
 import json
-import pytest
 import torch
 
 from conformance.case import Case

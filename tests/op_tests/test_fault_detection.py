@@ -81,3 +81,41 @@ def test_a_hang_is_a_timeout_and_the_run_goes_on(tmp_path):
     assert got["exp"].status is Status.TIMEOUT and "timed out" in got["exp"].message
     assert got["exp"].repro, "the replacement worker writes the reproducer"
     assert got["add"].status is Status.PASS
+
+
+def test_host_execution_the_backend_does_not_report_is_cpu_fallback(tmp_path):
+    """A --backend-module kernel copies sin's input to the host, computes there and copies back; the emulated
+    device's tracking never hears of it. The execution trace of the op does."""
+    import json
+
+    from tests.conftest import REPO, run_cli
+
+    jsonl = tmp_path / "out.jsonl"
+    result = run_cli("neuron-conformance", "ops", "--ops", "sin,cos", "--dtypes", "float32", "--max-samples", "4",
+                     "--backend-module", "tests.fixtures.host_ops", "--results", str(tmp_path), "--jsonl", str(jsonl),
+                     env={"PYTHONPATH": REPO, "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"})
+    assert result.returncode in (0, 1), result.stderr[-2000:]
+    rows = {(r["case"]["name"], r["case"]["mode"]): r["outcome"] for r in map(json.loads, jsonl.read_text().splitlines())}
+    for mode in ("forward", "backward"):
+        sin = rows[("sin", mode)]
+        assert sin["status"] == Status.CPU_FALLBACK.value, sin["message"]
+        assert sin["evidence"]["host_copies"]["aten::sin"] >= 2
+        assert "aten::sin" not in sin["evidence"]["fallback_ops"], "the backend's own tracking saw nothing"
+    assert rows[("cos", "forward")]["status"] == Status.PASS.value
+    assert "aten::sin" in rows[("cos", "backward")]["evidence"]["host_copies"], "cos's gradient is -sin"
+    assert "profiler_start" not in result.stderr and "Execution Trace" not in result.stderr
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_kernel_that_fails_at_execution_raises_when_strict_and_reruns_on_the_host_when_not(tmp_path, strict):
+    profile = "exact" if strict else "exact:rerun_failed_kernels_on_host=true"
+    cases = op_cases(OpSelection(patterns=("cumsum",), dtypes=("float32",), directions=("forward",), max_samples=3))
+    settings = RunSettings(target="neuron", timeout_s=300, artifacts_dir=str(tmp_path / "artifacts"),
+                           env={"NEURON_VALIDATE_FAULTS": "raise@aten::cumsum",
+                                "NEURON_VALIDATE_EMULATOR_PROFILE": profile})
+    with ResultStore.open(tmp_path) as store:
+        run_suite(cases, settings=settings, plugins=[StoreWriter(store)], build_id="b", manifest={},
+                  target_label="neuron", jobs=1)
+        (row,) = store.results("b")
+    expected = Status.ERROR if strict else Status.CPU_FALLBACK
+    assert row.outcome.status is expected, row.outcome.message

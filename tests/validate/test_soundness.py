@@ -82,7 +82,7 @@ def test_data_that_depends_on_the_device_is_diagnosed_as_data(validate):
 
 
 def test_host_execution_the_backend_does_not_report_is_a_host_fallback(validate):
-    run = validate(script("uses_sin.py"), "--emulator-profile", "exact", "--backend-module", "tests.fixtures.host_sin",
+    run = validate(script("uses_sin.py"), "--emulator-profile", "exact", "--backend-module", "tests.fixtures.host_ops",
                    env={"PYTHONPATH": REPO})
     fallback = {f["subject"]: f for f in run.findings("host-fallback", "warning")}
     assert "aten::sin" in fallback, run.stdout
