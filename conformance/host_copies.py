@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
+WATCH_ENV = "NEURON_VALIDATE_HOST_COPY_WATCH"  # "0" turns the watch off (a backend whose trace cannot be taken)
 COPIES = frozenset({"aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize"})
 # Ops that only move or make room for data: above a copy they say "an explicit transfer".
 MOVEMENT = frozenset({
@@ -133,7 +134,7 @@ def watch_host_copies(enabled: bool = True, *, allowed: int = 0) -> Iterator[Hos
     import torch
     from torch.profiler import ExecutionTraceObserver
 
-    if not enabled or torch.autograd._profiler_enabled():
+    if not enabled or os.environ.get(WATCH_ENV, "1") == "0" or torch.autograd._profiler_enabled():
         yield copies
         return
     fd, path = tempfile.mkstemp(prefix="neuron-validate-trace-", suffix=".json")
