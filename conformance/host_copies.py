@@ -21,6 +21,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterator
 
 WATCH_ENV = "NEURON_VALIDATE_HOST_COPY_WATCH"  # "0" turns the watch off (a backend whose trace cannot be taken)
@@ -66,6 +67,40 @@ def _devices(node: dict) -> set[str]:
     return found
 
 
+def _dispatch_key(device_type: str) -> str:
+    import torch
+
+    if device_type == torch._C._get_privateuse1_backend_name():
+        return "PrivateUse1"
+    return {"cuda": "CUDA", "xla": "XLA", "mps": "MPS", "xpu": "XPU", "hpu": "HPU"}.get(device_type, "PrivateUse1")
+
+
+@lru_cache(maxsize=None)
+def _decomposed_by_pytorch(op: str, key: str) -> bool:
+    """Whether ``op`` (``aten::name``) runs on this backend as PyTorch's own composite decomposition.
+
+    Such an op's code is the same on every backend: a copy it makes (ctc_loss reads its lengths on the
+    host) is PyTorch's doing, not the backend computing on the host. An op with a kernel of the backend's
+    own (registered for its dispatch key) is the backend's, whatever its code does.
+    """
+    import torch
+
+    name = op.split("::", 1)[-1]
+    packet = getattr(torch.ops.aten, name, None)
+    if packet is None:
+        return False
+    qualified = [f"aten::{name}" + ("" if o == "default" else f".{o}") for o in packet.overloads()]
+
+    def has(q: str, dispatch_key: str) -> bool:
+        try:
+            return torch._C._dispatch_has_kernel_for_dispatch_key(q, dispatch_key)
+        except RuntimeError:  # an overload TorchScript knows and the dispatcher does not (aten::sin.int)
+            return False
+
+    return (any(has(q, "CompositeImplicitAutograd") for q in qualified)
+            and not any(has(q, key) for q in qualified))
+
+
 def host_executed_ops(nodes: list[dict], *, allowed: int = 0) -> dict[str, int]:
     """From execution-trace nodes: op -> host<->device copies seen inside its calls.
 
@@ -81,6 +116,7 @@ def host_executed_ops(nodes: list[dict], *, allowed: int = 0) -> dict[str, int]:
         devices = _devices(node)
         if "cpu" not in devices or len(devices) < 2:
             continue
+        key = _dispatch_key(next(d for d in devices if d != "cpu"))
         owner, inner_copy = None, False
         parent = by_id.get(node.get("ctrl_deps"))
         seen = {node["id"]}
@@ -93,7 +129,8 @@ def host_executed_ops(nodes: list[dict], *, allowed: int = 0) -> dict[str, int]:
             if name in COPIES and len(_devices(parent)) > 1:
                 inner_copy = True
                 break
-            if owner is None and name.startswith("aten::") and name not in MOVEMENT:
+            if (owner is None and name.startswith("aten::") and name not in MOVEMENT
+                    and not _decomposed_by_pytorch(name, key)):
                 owner = parent
             parent = by_id.get(parent.get("ctrl_deps"))
         if owner is not None and not inner_copy:

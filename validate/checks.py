@@ -419,9 +419,10 @@ def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
     elif "inputs" in differ:
         start_hint = ("the script's data depends on the device: it shuffles, samples or loads differently when an "
                       "accelerator is present (DataLoader options set only for an accelerator), or draws data on the "
-                      "device; make the pipeline the same on both sides (same seed, shuffled on the CPU)"
-                      + ("" if rng_differs else "; not the device's random numbers: under this profile its stream "
-                                                "equals the CPU's"))
+                      "device" + (", whose random numbers differ from the CPU's: draw them on the CPU and move them, "
+                                  "and keep the pipeline the same on both sides" if rng_differs else
+                                  "; make the pipeline the same on both sides (same seed, shuffled on the CPU); not "
+                                  "the device's random numbers: under this profile its stream equals the CPU's"))
         findings.append(Finding(check="same-start", severity="warning", subject="data",
                                 title="the reference and the target see different data or data order: their first "
                                       "batches differ (same weights)",
@@ -437,7 +438,8 @@ def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
     elif differ:
         # Different starting points make the curves incomparable: that is the script's doing, not the target's.
         findings.append(Finding(check="loss-curves", severity="warning",
-                                title=f"{cmp.summary()} (inconclusive: the runs start from different {' and '.join(differ)})",
+                                title=f"{cmp.summary()} (inconclusive: the runs start from different "
+                                      f"{'weights' if 'parameters' in differ else 'data'})",
                                 detail=ctx.curve_tolerance.describe(), hint=start_hint, data=data))
     elif rng_differs and random_ops and _layers_match(obs):
         # Same start, layers match with dropout off: what is left is the device's own random numbers.

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from conformance.case import Case
 from conformance.outcome import Outcome, Status
+from diff.localize.source import DISPLAY_ROOT_ENV
 from runner.executors import Executor
 
 from .common import ChildSpec, ScriptProblem, json_ready
@@ -92,10 +93,12 @@ def _own_working_directory(folder: str):
     _mirror(original, here, 2, originals, os.path.abspath(folder))
     files: dict = {"cwd": str(here), "created": [], "overwritten": []}
     os.chdir(here)
+    os.environ[DISPLAY_ROOT_ENV] = original  # lines are still named relative to the user's directory
     try:
         yield files
     finally:
         os.chdir(original)
+        os.environ.pop(DISPLAY_ROOT_ENV, None)
         for root, dirs, names in os.walk(here):
             dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
             files["created"] += sorted(os.path.relpath(os.path.join(root, n), here) for n in names

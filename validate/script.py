@@ -21,6 +21,8 @@ import ast
 import os
 from dataclasses import dataclass
 
+from diff.localize.source import short_path
+
 FUNCTIONS = "functions"
 TRAINING = "training"
 MODEL_NAMES = ("get_model", "model")
@@ -44,12 +46,7 @@ class ScriptInfo:
 
     @property
     def display(self) -> str:
-        return _short(self.path)
-
-
-def _short(path: str) -> str:
-    rel = os.path.relpath(path)
-    return rel if not rel.startswith("..") else path
+        return short_path(self.path)
 
 
 def _top_level_names(tree: ast.Module) -> dict[str, str]:
@@ -109,7 +106,7 @@ def inspect_script(path: str) -> ScriptInfo:
     try:
         tree = ast.parse(source, filename=full)
     except SyntaxError as exc:
-        where = f"{_short(full)}:{exc.lineno}" if exc.lineno else _short(full)
+        where = f"{short_path(full)}:{exc.lineno}" if exc.lineno else short_path(full)
         raise ScriptError(f"{where}: syntax error: {exc.msg}") from None
     except ValueError as exc:  # null bytes
         raise ScriptError(f"{path}: not a Python source file: {exc}") from None
@@ -119,10 +116,10 @@ def inspect_script(path: str) -> ScriptInfo:
     if model_name == "get_model" and names["get_model"] != "function":
         model_name = None
     if model_name == "get_model" and inputs_name is None:
-        raise ScriptError(f"{_short(full)}: defines get_model() but no get_inputs() (or example_inputs): "
+        raise ScriptError(f"{short_path(full)}: defines get_model() but no get_inputs() (or example_inputs): "
                           "the harness needs inputs to run the model")
     if inputs_name is not None and model_name is None:
-        raise ScriptError(f"{_short(full)}: defines {inputs_name} but no get_model() (or model)")
+        raise ScriptError(f"{short_path(full)}: defines {inputs_name} but no get_model() (or model)")
     functions = model_name is not None and inputs_name is not None
     return ScriptInfo(
         path=full,

@@ -27,15 +27,21 @@ class SourceLine:
     function: str
 
     def __str__(self) -> str:
-        return f"{_short_path(self.file)}:{self.line} in {self.function}"
+        return f"{short_path(self.file)}:{self.line} in {self.function}"
 
     def to_dict(self) -> dict:
         return {"file": self.file, "line": self.line, "function": self.function, "text": str(self)}
 
 
-def _short_path(path: str) -> str:
+# Paths are shown relative to the user's working directory; a process running in a directory of its own
+# (a script's side, validate/execute.py) names the user's in this variable.
+DISPLAY_ROOT_ENV = "NEURON_VALIDATE_DISPLAY_ROOT"
+
+
+def short_path(path: str) -> str:
+    """``path`` relative to the user's working directory when it is inside it, else as it is."""
     try:
-        rel = os.path.relpath(path)
+        rel = os.path.relpath(path, os.environ.get(DISPLAY_ROOT_ENV) or os.getcwd())
     except ValueError:
         return path
     return rel if not rel.startswith("..") else path

@@ -151,9 +151,13 @@ def test_curves_and_same_start():
            "target": {"curve": curve([2.0, 2.0, 2.0, 2.0]), "fingerprints": {"parameters": "c", "inputs": "b"}}}
     findings = run_checks(obs, CTX)
     by_check = {f.check: f for f in findings}
-    assert by_check["same-start"].subject == "parameters"
+    assert by_check["same-start"].subject == "weights"
     assert by_check["loss-curves"].severity == "warning", "different starting weights: the comparison is inconclusive"
-    assert "inconclusive" in by_check["loss-curves"].title and "different parameters" in by_check["loss-curves"].hint
+    assert "inconclusive" in by_check["loss-curves"].title and "different weights" in by_check["loss-curves"].title
+    assert "initial weights" in by_check["loss-curves"].hint
+    obs["target"]["fingerprints"] = {"parameters": "a", "inputs": "z"}
+    (start,) = [f for f in run_checks(obs, CTX) if f.check == "same-start"]
+    assert start.subject == "data" and "data order" in start.title
     obs["target"]["fingerprints"] = obs["reference"]["fingerprints"]
     findings = run_checks(obs, CTX)
     curves = next(f for f in findings if f.check == "loss-curves")

@@ -135,7 +135,7 @@ def test_data_drawn_on_the_device_is_named_as_the_reason_curves_differ(validate,
     run = validate(str(path))
     assert run.returncode == 0 and run.report["verdict"] == "ready with warnings", run.stdout
     (start,) = run.findings("same-start", "warning")
-    assert start["subject"] == "inputs" and "draw them on the CPU" in start["hint"]
+    assert start["subject"] == "data" and "draw them on the CPU" in start["hint"]
     (curves,) = run.findings("loss-curves", "warning")
     assert "inconclusive" in curves["title"]
     assert run.findings("numerics", "info"), "the first call, compared in one process, still matches"
