@@ -27,6 +27,7 @@ side's device and watches it:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import runpy
@@ -213,25 +214,20 @@ def _capture(state: _State, torch, root, args, kwargs, target) -> None:
         state.snapshot = None
 
 
-def _autocast_call(dtype_name: str | None):
-    """The model's call as the script made it: inside autocast of that dtype on each side's device (not on
-    the float64 golden, whose point is full precision)."""
+@contextlib.contextmanager
+def _autocast(dtype_name: str | None, device_types: tuple[str, ...]):
+    """The script's autocast region, on every side's device at once, for the comparison of the call that ran
+    in it: the layers, the drill into ops and the compiled check alike. Autocast leaves float64 alone, so
+    the golden run keeps its full precision."""
     if dtype_name is None:
-        return None
+        yield
+        return
     import torch
 
-    from diff.sides import call_model
-
-    dtype = getattr(torch, dtype_name)
-
-    def call(model, args, kwargs):
-        param = next(model.parameters(), None)
-        if param is None or param.dtype == torch.float64:
-            return call_model(model, (args, kwargs))
-        with torch.autocast(device_type=param.device.type, dtype=dtype):
-            return call_model(model, (args, kwargs))
-
-    return call
+    with contextlib.ExitStack() as stack:
+        for device_type in dict.fromkeys(device_types):
+            stack.enter_context(torch.autocast(device_type=device_type, dtype=getattr(torch, dtype_name)))
+        yield
 
 
 def _why_no_gradients(state: _State) -> str | None:
@@ -338,9 +334,10 @@ def observe(spec: ChildSpec, progress) -> dict:
             args, kwargs = state.inputs
             reference = resolve_target("cpu")
             try:
-                result.update(localization_observations(state.snapshot, args, kwargs, target=here,
-                                                        reference=reference, grad_output=grad,
-                                                        files=[spec.script], call=_autocast_call(state.autocast)))
+                with _autocast(state.autocast, ("cpu", here.device.type)):
+                    result.update(localization_observations(state.snapshot, args, kwargs, target=here,
+                                                            reference=reference, grad_output=grad,
+                                                            files=[spec.script]))
             except Exception as exc:  # noqa: BLE001 - localisation is evidence, never a reason to lose the run
                 result["localization_error"] = error_info(exc, files=[spec.script])["message"]
             if here.compiles and side.error is None:
@@ -349,8 +346,9 @@ def observe(spec: ChildSpec, progress) -> dict:
                 from .functions import compiled_check
 
                 progress(side="target", phase="compile")
-                result["compiled"] = compiled_check(state.snapshot, args, kwargs, target=here, reference=reference,
-                                                    grad_output=grad, files=[spec.script])
+                with _autocast(state.autocast, ("cpu", here.device.type)):
+                    result["compiled"] = compiled_check(state.snapshot, args, kwargs, target=here,
+                                                        reference=reference, grad_output=grad, files=[spec.script])
     result["side"] = spec.side
     result[spec.side] = side.to_dict()
     result["notes"] += state.notes

@@ -120,3 +120,16 @@ def test_sides_write_their_outputs_apart_and_shared_files_are_reported(tmp_path)
     assert "existing.pt" in outputs["overwritten"]["title"] and outputs["overwritten"]["severity"] == "warning"
     assert "model.pt" in outputs["created"]["title"]
     assert not (work / "model.pt").exists(), "each side's new files stay in its own folder"
+
+
+def test_the_layer_comparison_runs_under_the_scripts_autocast(validate):
+    """A fault only in bfloat16 matmuls (5%: beyond bfloat16's tolerance) shows only if the comparison runs the
+    call as the script did."""
+    clean = validate(script("autocast_step.py"), "--emulator-profile", "exact")
+    assert clean.report["verdict"] == "ready", clean.stdout
+    assert any("autocast (bfloat16)" in note for note in clean.report["notes"])
+    run = validate(script("autocast_step.py"), "--emulator-profile", "exact",
+                   env={"NEURON_VALIDATE_FAULTS": "perturb@aten::addmm,rel=0.05,dtype=bfloat16"})
+    assert run.report["verdict"] == "not ready", run.stdout
+    (numerics,) = run.findings("numerics", "error")
+    assert numerics["data"]["op"] == "aten::addmm"
