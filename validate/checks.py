@@ -471,12 +471,14 @@ def check_outputs(obs: dict, ctx: CheckContext) -> list[Finding]:
     existed before, which both sides write through."""
     sides = {side: (obs.get(side) or {}).get("outputs") or {} for side in ("reference", "target")}
     findings = []
-    both = sorted(set(sides["reference"].get("overwritten", [])) | set(sides["target"].get("overwritten", [])))
+    ref, tgt = set(sides["reference"].get("shared", [])), set(sides["target"].get("shared", []))
+    both = sorted(ref | tgt)
     if both:
+        who = "both sides wrote" if ref & tgt else f"the {'target' if tgt else 'reference'} side wrote"
         findings.append(Finding(
-            check="outputs", severity="warning", subject="overwritten",
-            title=f"both sides wrote {', '.join(both[:3])}{' ...' if len(both) > 3 else ''} in your working "
-                  "directory: the file that remains is one side's, and either side may have read the other's",
+            check="outputs", severity="warning", subject="shared",
+            title=f"{who} {', '.join(both[:3])}{' ...' if len(both) > 3 else ''} in your working directory: "
+                  "the file that remains is one side's, and either side may have read the other's",
             hint="write outputs to a new path (a {device} placeholder after -- makes one per side), or remove the "
                  "file before the check"))
     created = sides["target"].get("created", [])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from conformance.case import Case
 from conformance.outcome import Outcome, Status
-from diff.localize.source import DISPLAY_ROOT_ENV
+from conformance.paths import DISPLAY_ROOT_ENV
 from runner.executors import Executor
 
 from .common import ChildSpec, ScriptProblem, json_ready
@@ -47,6 +47,28 @@ def _output_to(folder: str):
 
 
 MIRROR_LIMIT = 2000  # entries of one folder mirrored link by link; a larger folder is linked whole
+_writes: set[str] | None = None  # real paths the side opened for writing, while a side runs
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+
+def _audit(event: str, args: tuple) -> None:
+    """Python's ``open`` audit event (``open()``, ``os.open``): where the script writes, as it happens."""
+    if event != "open" or _writes is None:
+        return
+    path, mode, flags = args
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return  # a file descriptor
+    writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+        isinstance(flags, int) and bool(flags & _WRITE_FLAGS))
+    if writing:
+        _writes.add(os.path.realpath(os.fsdecode(path)))
+
+
+_audit_installed = False
+
+
+# The harness's own stores, which other checks running beside this one may write at any time.
+HARNESS_FILES = ("results.sqlite", "reference_cache.sqlite")
 
 
 def _stamp(path: str) -> tuple[int, int] | None:
@@ -57,55 +79,65 @@ def _stamp(path: str) -> tuple[int, int] | None:
     return st.st_mtime_ns, st.st_size
 
 
-def _mirror(source: str, into: Path, depth: int, originals: dict[str, tuple | None], skip: str) -> None:
+def _mirror(source: str, into: Path, depth: int, skip: str, stamps: dict[str, tuple | None]) -> None:
     """``into`` gets a symbolic link to each entry of ``source``; folders (to ``depth``) become real folders of
-    links, so that a file the script creates lands in ``into``. The linked files' stamps go to ``originals``."""
+    links, so that a file the script creates there lands in ``into``. The linked files' stamps go to
+    ``stamps``: C code (``torch.save``) writes without Python's ``open``, and a changed stamp shows it."""
     try:
         entries = list(os.scandir(source))
     except OSError:
         return
     for entry in entries:
         target = into / entry.name
-        if skip == entry.path or skip.startswith(entry.path + os.sep):  # the harness's own output folder
-            if not target.exists():
-                target.symlink_to(entry.path)
-            continue
-        if entry.is_dir(follow_symlinks=False) and depth > 0 and len(entries) <= MIRROR_LIMIT:
+        mirror_it = (entry.is_dir(follow_symlinks=False) and depth > 0 and len(entries) <= MIRROR_LIMIT
+                     and not (skip == entry.path or skip.startswith(entry.path + os.sep)))  # not our own output
+        if mirror_it:
             target.mkdir(exist_ok=True)
-            _mirror(entry.path, target, depth - 1, originals, skip)
+            _mirror(entry.path, target, depth - 1, skip, stamps)
             continue
         if not target.exists():
             target.symlink_to(entry.path)
-        if entry.is_file():
-            originals[entry.path] = _stamp(entry.path)
+        if entry.is_file() and not entry.name.startswith(HARNESS_FILES):
+            stamps[entry.path] = _stamp(entry.path)
 
 
 @contextmanager
 def _own_working_directory(folder: str):
     """The side runs in a working directory of its own, so that the two sides' outputs cannot overwrite each
     other: a mirror of the user's working directory whose entries are links (relative inputs still resolve).
-    Yields a dict filled at the end: ``created`` (files the side wrote, kept in its folder) and ``overwritten``
-    (existing files of the user's directory it wrote through a link: both sides write those)."""
+    Yields a dict filled at the end: ``created`` (files the side wrote in its own folder) and ``shared``
+    (files it wrote in the user's directory through a link: both sides write those). Writes are seen through
+    Python's audit hook for ``open`` and, for the files linked directly (C code writes without ``open``),
+    through their changed stamps; the harness's own stores are left out."""
+    global _writes, _audit_installed
     original = os.getcwd()
     here = Path(folder) / "cwd"
     here.mkdir(parents=True, exist_ok=True)
-    originals: dict[str, tuple | None] = {}
-    _mirror(original, here, 2, originals, os.path.abspath(folder))
-    files: dict = {"cwd": str(here), "created": [], "overwritten": []}
+    stamps: dict[str, tuple | None] = {}
+    _mirror(original, here, 2, os.path.abspath(folder), stamps)
+    files: dict = {"cwd": str(here), "created": [], "shared": []}
+    if not _audit_installed:
+        sys.addaudithook(_audit)
+        _audit_installed = True
+    _writes = set()
     os.chdir(here)
     os.environ[DISPLAY_ROOT_ENV] = original  # lines are still named relative to the user's directory
     try:
         yield files
     finally:
+        written, _writes = _writes, None
         os.chdir(original)
         os.environ.pop(DISPLAY_ROOT_ENV, None)
         for root, dirs, names in os.walk(here):
             dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
             files["created"] += sorted(os.path.relpath(os.path.join(root, n), here) for n in names
                                        if not os.path.islink(os.path.join(root, n)))
-        files["overwritten"] = sorted(os.path.relpath(p, original) for p, stamp in originals.items()
-                                      if _stamp(p) != stamp)
         files["created"] = files["created"][:50]
+        user, ours = os.path.realpath(original), (os.path.realpath(folder), os.path.realpath(here))
+        changed = {os.path.realpath(p) for p, stamp in stamps.items() if _stamp(p) != stamp}
+        shared = (os.path.relpath(p, user) for p in written | changed
+                  if p.startswith(user + os.sep) and not p.startswith(tuple(o + os.sep for o in ours)))
+        files["shared"] = sorted(p for p in shared if not any(part.startswith(".") for part in Path(p).parts))[:50]
 
 
 def execute_side(case: Case, ctx) -> Outcome:

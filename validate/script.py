@@ -21,7 +21,7 @@ import ast
 import os
 from dataclasses import dataclass
 
-from diff.localize.source import short_path
+from conformance.paths import short_path
 
 FUNCTIONS = "functions"
 TRAINING = "training"

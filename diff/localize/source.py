@@ -10,6 +10,8 @@ from typing import Iterable
 
 import torch
 
+from conformance.paths import short_path
+
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The harness's own packages: an op called from them is not the user's.
@@ -31,20 +33,6 @@ class SourceLine:
 
     def to_dict(self) -> dict:
         return {"file": self.file, "line": self.line, "function": self.function, "text": str(self)}
-
-
-# Paths are shown relative to the user's working directory; a process running in a directory of its own
-# (a script's side, validate/execute.py) names the user's in this variable.
-DISPLAY_ROOT_ENV = "NEURON_VALIDATE_DISPLAY_ROOT"
-
-
-def short_path(path: str) -> str:
-    """``path`` relative to the user's working directory when it is inside it, else as it is."""
-    try:
-        rel = os.path.relpath(path, os.environ.get(DISPLAY_ROOT_ENV) or os.getcwd())
-    except ValueError:
-        return path
-    return rel if not rel.startswith("..") else path
 
 
 def _is_library(filename: str) -> bool:

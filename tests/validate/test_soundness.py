@@ -117,7 +117,8 @@ def test_sides_write_their_outputs_apart_and_shared_files_are_reported(tmp_path)
 
     report = json.loads(result.stdout)
     outputs = {f["subject"]: f for f in report["findings"] if f["check"] == "outputs"}
-    assert "existing.pt" in outputs["overwritten"]["title"] and outputs["overwritten"]["severity"] == "warning"
+    assert "existing.pt" in outputs["shared"]["title"] and outputs["shared"]["severity"] == "warning"
+    assert "inputs.pt" not in outputs["shared"]["title"], "read, not written"
     assert "model.pt" in outputs["created"]["title"]
     assert not (work / "model.pt").exists(), "each side's new files stay in its own folder"
 
