@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 
-import pytest
 
 from tests.conftest import REPO, run_cli
 from tests.validate.conftest import example
@@ -23,17 +22,15 @@ def script(name: str) -> str:
     return os.path.join(SCRIPTS, name)
 
 
-@pytest.mark.parametrize("profile", ["neuron-2.27", "exact"])
-def test_dropout_model_with_a_one_percent_fault_is_not_ready_and_named(validate, profile):
-    run = validate(example("dropout_classifier.py"), "--emulator-profile", profile, env=FAULT)
+def test_dropout_model_with_a_one_percent_fault_is_not_ready_and_named(validate):
+    run = validate(example("dropout_classifier.py"), env=FAULT)
     assert run.returncode == 1 and run.report["verdict"] == "not ready", run.stdout
     (numerics,) = run.findings("numerics", "error")
     assert numerics["data"]["culprit"] == "0" and numerics["data"]["op"] == "aten::addmm"
 
 
-@pytest.mark.parametrize("profile", ["neuron-2.27", "exact"])
-def test_dropout_model_without_a_fault_is_ready(validate, profile):
-    run = validate(example("dropout_classifier.py"), "--emulator-profile", profile)
+def test_dropout_model_without_a_fault_is_ready(validate):
+    run = validate(example("dropout_classifier.py"))
     assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
 
 
