@@ -37,7 +37,7 @@ def run(cases, target, env, jobs=1):
             run_suite(cases, settings=settings, plugins=[StoreWriter(store)], build_id="b", manifest={},
                       target_label=target, jobs=jobs)
             seconds = time.perf_counter() - start
-            rows = store.results("b")
+            rows = list(store.results("b"))
     samples = sum(int(r.outcome.evidence.get("samples", 0) or 0) for r in rows)
     statuses: dict[str, int] = {}
     for r in rows:
@@ -55,7 +55,7 @@ def main() -> None:
 
     from op_tests.sources import OpSelection, all_cases, op_cases, op_db
 
-    names = sorted({op.name for op in op_db})
+    names = sorted({op.name for op in op_db()})
     step = max(1, len(names) // args.ops)
     chosen = tuple(names[::step][: args.ops])
     cases = op_cases(OpSelection(patterns=chosen, dtypes=("float32",), max_samples=args.max_samples,
