@@ -10,8 +10,10 @@ the CPU and another device, below a compute op, is host execution. An
 explicit transfer (``tensor.cpu()``, the harness moving results) has only
 movement ops above the copy, and a scalar read (``item()``) is a host read
 by definition; neither counts. A copy within one device (a conjugate's
-materialisation) is not a host copy. CUDA's own size reads (``nonzero``)
-copy with the runtime, not through ``copy_``, and are not seen.
+materialisation) is not a host copy, nor is one PyTorch's own composite
+decomposition makes (ctc_loss reads its lengths on the host, on every
+backend). A kernel that copies with its runtime's own memcpy (CUDA's size
+reads in ``nonzero``) does not go through the dispatcher and is not seen.
 """
 
 from __future__ import annotations
