@@ -394,9 +394,6 @@ def device_random_stream_differs(obs: dict) -> bool:
     return manifest.get("kind") != "cpu"
 
 
-RANDOM_OP_MARKERS = ("dropout", "bernoulli", "rand", "normal", "uniform", "multinomial", "exponential")
-
-
 def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
     findings = []
     ref_fp = (obs.get("reference") or {}).get("fingerprints") or {}
@@ -427,7 +424,7 @@ def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
                                 title="the reference and the target see different data or data order: their first "
                                       "batches differ (same weights)",
                                 hint=start_hint))
-    random_ops = [op for op in (obs.get("target") or {}).get("random_ops") or []]
+    random_ops = (obs.get("target") or {}).get("random_ops") or []
     cmp = curve_comparison(obs, ctx.curve_tolerance)
     if cmp is None:
         return findings

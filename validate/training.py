@@ -38,7 +38,8 @@ import weakref
 from conformance.target import GraphCounter
 
 from .common import ChildSpec, SideResult, localization_observations
-from .probes import compile_observations, error_info, fingerprint, named_inputs, placement_scan, wide_tensors
+from .probes import (RANDOM_OP_MARKERS, compile_observations, error_info, fingerprint, named_inputs, placement_scan,
+                     wide_tensors)
 
 
 class StopScript(BaseException):
@@ -68,9 +69,7 @@ class _State:
         self.counters: list = []
         # The model's call that is compared: the first that builds a graph for gradients; a first call
         # without gradients (eval under no_grad, as nanoGPT's estimate_loss) is kept only until one does.
-        self.grad_call = False
         self.autocast = None  # the dtype of the autocast region the compared call ran in, if any
-        self.calls_without_grad = 0
         self.root = None  # the compared model (a weak reference)
         # Per graph dynamo hands over: [index of the backend's first compile event for it, was the model in
         # train() mode] (the backend records forward and backward graphs as events of their own).
@@ -125,7 +124,6 @@ def _install(state: _State, torch, here) -> dict:
             return orig_call(self, *args, **kwargs)
         builds_graph = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
         if not builds_graph:
-            state.calls_without_grad += 1
             if not state.root_type:  # the first call: kept until a call with gradients replaces it
                 _capture(state, torch, getattr(self, "_orig_mod", self), args, kwargs, here)
             state.depth += 1  # its submodules' calls are not the model's
@@ -133,7 +131,7 @@ def _install(state: _State, torch, here) -> dict:
                 return orig_call(self, *args, **kwargs)
             finally:
                 state.depth -= 1
-        state.captured = state.grad_call = True
+        state.captured = True  # only a call that builds a graph is captured for good
         root = getattr(self, "_orig_mod", self)
         _capture(state, torch, root, args, kwargs, here)
         module = self
@@ -235,7 +233,7 @@ def _why_no_gradients(state: _State) -> str | None:
     if not state.captured and state.root_type:
         return ("the model was only called without gradients (eval under torch.no_grad or inference_mode); "
                 "its outputs are compared, its gradients cannot be")
-    if state.grad_call and not any(g is not None for g in state.grad_output):
+    if state.captured and not any(g is not None for g in state.grad_output):
         return ("no gradient reached the model's output from the script's backward() (the script stopped "
                 "before it, or the loss does not depend on this call's output)")
     return None
@@ -312,8 +310,6 @@ def observe(spec: ChildSpec, progress) -> dict:
         trace = tracker.trace
         side.extra["fallback_ops"] = list(trace.fallback) if trace else []
         side.extra["executed_ops"] = len(trace.executed) if trace else None
-        from .checks import RANDOM_OP_MARKERS
-
         side.extra["random_ops"] = [op for op in (trace.executed if trace else ())
                                     if any(m in op for m in RANDOM_OP_MARKERS)]
         side.extra["device_memory_peak"] = here.peak_memory()  # evidence of use where ops are not tracked
