@@ -49,6 +49,7 @@ class CaseChange:
     known: KnownFailure | None = None
     reruns: tuple[Status, ...] = ()  # statuses of the gate's reruns, in order
     duration: float = 0.0
+    cause: dict | None = None  # an op case's cause (op_tests/causes.py), which failure groups are named after
 
     @property
     def failed(self) -> bool:
@@ -133,14 +134,14 @@ def compare_builds(store, build: str, baseline: str, *, expectations: Expectatio
         verdict = classify(before, current, known)
         if verdict is None:
             continue
-        message, repro = row.message, None
+        message, repro, cause = row.message, None, None
         if verdict in DETAILED:
             full = store.result(source, case_id)
             case, repro = full.case, full.outcome.repro
-            message = full.outcome.message
+            message, cause = full.outcome.message, full.outcome.evidence.get("cause")
         comparison.changes.append(CaseChange(
             verdict=verdict, case=case, case_id=case_id, title=row.title, baseline=before, current=current,
-            message=message, repro=repro, known=known, duration=row.duration,
+            message=message, repro=repro, known=known, duration=row.duration, cause=cause,
         ))
     comparison.sort()
     return comparison

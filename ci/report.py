@@ -1,8 +1,11 @@
 """The gate's terminal reporter (a plugin on the gate's hooks).
 
-One line per case worth reading, most important first, each naming its
-case id and, for a regression, the command that reproduces it; then one
-summary line. Plain text, so that CI logs can be searched with grep.
+Regressions and new failures come in failure groups (results/groups.py):
+one headline per root cause ("exp: wrong results for non-contiguous
+inputs, 18 cases across 12 dtypes"), its smallest reproducer, and its first
+cases. Every other case worth reading gets one line, most important first,
+naming its case id; then one summary line. Plain text, so that CI logs can
+be searched with grep.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+
+from results.groups import Failure, group_failures
 
 from .compare import Verdict
 
@@ -23,6 +28,8 @@ LABELS = {
     Verdict.NEW_FAILURE: "NEW FAILURE",
 }
 WIDTH = max(len(v) for v in LABELS.values())
+GROUPED = (Verdict.REGRESSION, Verdict.NEW_FAILURE)
+CASES_PER_GROUP = 5  # case lines shown under a group's headline; the rest are counted
 SUMMARY_ORDER = (Verdict.REGRESSION, Verdict.MISSING, Verdict.FLAKY, Verdict.FIXED, Verdict.XFAIL, Verdict.XPASS,
                  Verdict.NEW_FAILURE, Verdict.STILL_FAILING, Verdict.PASS, Verdict.SKIP)
 
@@ -37,6 +44,16 @@ def display_path(results: str, stored: str | None) -> str | None:
         return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else str(path.resolve())
     except ValueError:  # another drive
         return str(path)
+
+
+def _repro_bytes(results: str, stored: str | None) -> int | None:
+    path = display_path(results, stored)
+    if not path:
+        return None
+    try:
+        return sum(p.stat().st_size for p in Path(path).parent.iterdir() if p.is_file())
+    except OSError:
+        return None
 
 
 def _status(s) -> str:
@@ -76,7 +93,11 @@ class TerminalReporter:
     def gate_finish(self, report) -> None:
         comparison = report.comparison
         for verdict, label in LABELS.items():
-            for c in comparison.of(verdict):
+            changes = comparison.of(verdict)
+            if verdict in GROUPED and changes:
+                self._groups(report, label, changes)
+                continue
+            for c in changes:
                 self._line(report, label, c)
         for note in report.notes:
             self._print(f"note: {note}")
@@ -88,6 +109,24 @@ class TerminalReporter:
         if report.missing and not report.options.allow_missing:
             self._print(f"  {len(report.missing)} case(s) passed in the baseline and have no result in this build: "
                         "run them (e.g. a lost shard), or pass --allow-missing if the case set changed on purpose")
+
+    def _groups(self, report, label: str, changes) -> None:
+        by_id = {c.case_id: c for c in changes}
+        failures = [Failure(case=c.case, case_id=c.case_id, title=c.title, status=_status(c.current),
+                            message=c.message, cause=c.cause, repro=c.repro) for c in changes]
+        groups = group_failures(failures, repro_size=lambda stored: _repro_bytes(report.results, stored))
+        self._print(f"{len(changes)} {label.lower()}{'s' if len(changes) != 1 else ''} in {len(groups)} "
+                    f"group{'s' if len(groups) != 1 else ''} (by op and by what the failing inputs share):")
+        for i, g in enumerate(groups, 1):
+            self._print(f"GROUP {i} of {len(groups)} ({label.lower()}s): {g.headline}")
+            repro = display_path(report.results, g.repro)
+            self._print(" " * (WIDTH + 2) + (f"smallest reproducer (of the group's {len(g.members)}): python {repro}"
+                                        if repro else "no reproducer written"))
+            for m in g.members[:CASES_PER_GROUP]:
+                self._line(report, label, by_id[m.case_id])
+            if len(g.members) > CASES_PER_GROUP:
+                self._print(" " * (WIDTH + 2) + f"... and {len(g.members) - CASES_PER_GROUP} more cases of this group "
+                            "(all are in the JUnit XML and the dashboard)")
 
     def _line(self, report, label: str, c) -> None:
         transition = f"{_status(c.baseline)} -> {_status(c.current)}"

@@ -105,27 +105,55 @@ def _run(args, cases, *, kind_label: str, timeout: float, group: str = "dtype", 
             plugins=plugins, jobs=args.jobs, shard_spec=shard_spec, done=done, executor=args.executor,
             address=args.address,
         )
+        failure_lines = _failure_groups(store, build)
     if summary.skipped_resume:
         console.print(f"resumed: {summary.skipped_resume} cases already had results")
     groups = summary.by_family if group == "family" else summary.by_dtype
     console.print(summary_table(f"{kind_label}: {target.describe()} (build {build})", summary.counts, groups, group))
+    for line in failure_lines:
+        console.print(line, markup=False, soft_wrap=True)
     console.print(f"{summary.ran} cases ran in {summary.seconds:.1f} s; target: {target.describe()}")
     return EXIT_FINDINGS if summary.failures else EXIT_OK
+
+
+MAX_GROUPS_SHOWN = 20
+
+
+def _failure_groups(store, build: str) -> list[str]:
+    """The build's failures grouped by op and cause (results/groups.py), one headline each."""
+    from conformance.outcome import FAILING
+    from results.groups import failures_from_rows, group_failures
+
+    failures = failures_from_rows(store.results(build, statuses=FAILING))
+    if not failures:
+        return []
+    groups = group_failures(failures)
+    lines = [f"{len(failures)} failing cases in {len(groups)} groups (by op and by what the failing inputs share):"]
+    for g in groups[:MAX_GROUPS_SHOWN]:
+        lines.append(f"  {g.headline}")
+        if g.repro:
+            lines.append(f"      reproducer: python {store.artifact(g.repro)}")
+    if len(groups) > MAX_GROUPS_SHOWN:
+        lines.append(f"  ... and {len(groups) - MAX_GROUPS_SHOWN} more groups (neuron-conformance dashboard shows all)")
+    return lines
 
 
 # ---------------------------------------------------------------- ops
 def cmd_ops(args) -> int:
     apply_environment(args)
+    from op_tests.families import FAMILIES
     from op_tests.sources import DIRECTIONS, OpSelection, UnknownOpError, all_cases
 
     directions = tuple(d.strip() for d in args.directions.split(",") if d.strip())
+    families = tuple(f.strip() for f in args.families.split(",") if f.strip())
+    families = FAMILIES if families == ("all",) else () if families == ("none",) else families
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip()) if args.dtypes else ()
     try:
         cases = all_cases(OpSelection(
             patterns=tuple(p.strip() for p in args.ops.split(",") if p.strip()) or ("*",),
             exclude=tuple(p.strip() for p in (args.exclude or "").split(",") if p.strip()),
             dtypes=dtypes, directions=directions or DIRECTIONS, max_samples=args.max_samples, seed=args.seed,
-            hypothesis_examples=args.hypothesis_examples,
+            hypothesis_examples=args.hypothesis_examples, families=families,
         ))
     except (UnknownOpError, ValueError) as exc:
         raise UsageError(str(exc)) from None
@@ -152,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hypothesis-examples", type=int, default=16,
                    help="hypothesis examples per element-wise op x float dtype x direction (0: none)")
+    p.add_argument("--families", default="all", metavar="NAME,...",
+                   help="input families that hunt accelerator bugs: sizes, extremes, mixed, layouts, variants; "
+                        "'all' (default) or 'none'")
     p.add_argument("--list", action="store_true", help="print the selected cases and exit")
     p.set_defaults(func=cmd_ops)
 

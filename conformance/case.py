@@ -53,6 +53,10 @@ class Case:
             label += f".{self.family}"
         if parts:
             label += f"[{','.join(parts)}]"
+        inputs = self.config.get("inputs") or (self.config.get("source") if self.config.get("source") not in
+                                                 (None, "opinfo") else None)
+        if inputs and self.kind == "op":
+            label += f"{{{inputs}}}"
         sample = self.config.get("sample")
         if sample is not None:
             label += f"#{sample}"

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 EMULATOR_ENV = ("NEURON_VALIDATE_EMULATOR_PROFILE", "NEURON_VALIDATE_FAULTS", "NEURON_VALIDATE_EMULATOR_AUTOLOAD")
+BACKEND_MODULES_ENV = "NEURON_VALIDATE_BACKEND_MODULES"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,12 +26,15 @@ class RunSettings:
     # Intra-op threads per worker (0: PyTorch's default). Workers that together use more threads than
     # the machine has cores only wait for each other; see default_threads.
     threads: int = 0
+    # Reproducers: at most this many bytes of saved inputs per case; failing samples shrunk first.
+    repro_max_bytes: int = 2**20
+    shrink: bool = True
 
     def worker_env(self) -> dict[str, str]:
         """The environment a worker needs: emulator profile and faults, backend modules."""
         env = {k: os.environ[k] for k in EMULATOR_ENV if k in os.environ}
         if self.backend_modules:
-            env["NEURON_VALIDATE_BACKEND_MODULES"] = ",".join(self.backend_modules)
+            env[BACKEND_MODULES_ENV] = ",".join(self.backend_modules)
             env.setdefault("NEURON_VALIDATE_EMULATOR_AUTOLOAD", "0")
         env.update(self.env)
         return env

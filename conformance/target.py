@@ -21,9 +21,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from .settings import BACKEND_MODULES_ENV
+
 MODES = ("eager", "compile")
 KNOWN_DEVICES = ("cpu", "cuda", "neuron")
-BACKEND_MODULE_ENV = "NEURON_VALIDATE_BACKEND_MODULES"
 _ENV_PREFIXES = ("NEURON_", "TORCH_NEURONX_", "XLA_", "NEURON_VALIDATE_", "TORCH_DEVICE_BACKEND_AUTOLOAD", "CUDA_")
 
 
@@ -246,7 +247,7 @@ class Target:
             "platform": platform.platform(),
             "machine": platform.machine(),
             "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
-            "backend_modules": [m for m in os.environ.get(BACKEND_MODULE_ENV, "").split(",") if m],
+            "backend_modules": [m for m in os.environ.get(BACKEND_MODULES_ENV, "").split(",") if m],
         }
         if self.compiles:
             info["compile_backend"] = self.compile_backend()

@@ -30,6 +30,8 @@ from diff.sides import to_device
 from diff.tolerances import TolerancePolicy
 from runner.executors import Executor
 
+from .causes import case_cause, sample_facts
+from .families import FamilyNotApplicable
 from .repro import write_repro
 from .rules import OpRule, gather_index_output, rule_for
 from .samples import (
@@ -40,6 +42,7 @@ from .samples import (
     inputs_fingerprint,
     restore_samples,
     sample_parts,
+    sample_variant,
 )
 from .sources import get_op, op_db, op_key
 
@@ -113,15 +116,20 @@ def _cotangents(outputs: list[torch.Tensor], seed: int, device) -> list[torch.Te
     return cots
 
 
-def op_callable(op):
-    """The op as a plain function, for torch.compile."""
+def op_callable(op, variant: str = ""):
+    """The op as a plain function (for torch.compile), or one of its variants (families/variants.py)."""
+    if variant:
+        from .families.variants import run_variant
+
+        return lambda i, *a, **k: run_variant(op, variant, i, a, k)
     return lambda i, *a, **k: op(i, *a, **k)
 
 
 def run_op(op, rule: OpRule, sample, parts, *, backward: bool, device, seed: int, prepare=None) -> SideResult:
-    """Runs the op on one side; ``parts`` are that side's (input, args, kwargs)."""
-    inp, args, kwargs = parts
-    fn = op if prepare is None else prepare(op_callable(op))
+    """Runs the op (or the sample's variant of it) on one side; ``parts`` are that side's (input, args, kwargs)."""
+    variant = sample_variant(sample)
+    fn = op if prepare is None and not variant else op_callable(op, variant)
+    fn = fn if prepare is None else prepare(fn)
     result = _run_op(fn, rule, sample, parts, backward=backward, device=device, seed=seed)
     if isinstance(fn, Compiled):
         result.graphs = fn.graphs
@@ -186,6 +194,8 @@ def execute_op_case(case: Case, ctx) -> Outcome:
         samples = samples if cache_ok else generate_samples(op, case)
     except HypothesisNotApplicable as exc:
         return Outcome(case_id=case.id, status=Status.SKIP, message=f"hypothesis examples do not apply: {exc}")
+    except FamilyNotApplicable as exc:
+        return Outcome(case_id=case.id, status=Status.SKIP, message=f"input family does not apply: {exc}")
     except Exception as exc:  # noqa: BLE001
         return Outcome(case_id=case.id, status=Status.SKIP,
                        message=f"sample generation failed: {type(exc).__name__}: {exc}".splitlines()[0],
@@ -204,7 +214,6 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     worst: dict[str, float] = {}
     nondeterministic: list[int] = []
     compiled_graphs: list[int] = []  # compile targets: graphs per sample
-    device_type = target.device.type
 
     # Host<->device copies need a device to copy from; the execution trace cannot record sparse tensors.
     watch = target.device.type != "cpu" and not _has_sparse(samples)
@@ -238,10 +247,9 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             timer.add("target", t0)
 
             t0 = time.perf_counter()
-            expected_device = device_type if _expects_device(target_parts, target.device) else None
-            judge = Judge(tolerance=tolerance, device=expected_device, rule=rule.compare)
-            verdict = judge_sample(i, op, rule, sample, parts, ref, tgt, backward=backward, seed=seed, judge=judge,
-                                   nondeterministic=nondeterministic)
+            judge = _judge(tolerance, rule, target_parts, target.device)
+            verdict = judge_sample(i, op, rule, sample, generated, ref, tgt, backward=backward, seed=seed,
+                                   judge=judge, nondeterministic=nondeterministic)
             if sample.name and verdict.status not in (Status.PASS, Status.SKIP):
                 verdict.message = f"{verdict.message} [{sample.name}]"
             if verdict.comparison:
@@ -261,10 +269,35 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     trace = tracker.trace
     outcome = _aggregate(case, verdicts, worst, trace, timer.totals, rule, nondeterministic, cached=cache_ok,
                          host=host)
+    _name_the_cause(case, outcome, samples, verdicts)
     if compiled_graphs:
         outcome.evidence["compiled_graphs"] = compiled_graphs
     return outcome
 
+
+
+def _judge(tolerance, rule: OpRule, target_parts, device: torch.device) -> Judge:
+    """The judge of one sample: outputs must land on the target when some input or device argument is there."""
+    expected_device = device.type if _expects_device(target_parts, device) else None
+    return Judge(tolerance=tolerance, device=expected_device, rule=rule.compare)
+
+
+def check_sample(op, case: Case, sample, index: int, target) -> SampleVerdict:
+    """One sample run on both sides and judged, as the case runs it (without the cache, timers or the host-copy
+    watch): the shrinker's question "does this smaller sample still fail?"."""
+    key = op_key(op)
+    rule = rule_for(key)
+    backward = case.mode == "backward"
+    seed = case.seed * 100_003 + index
+    generated = sample_parts(sample)
+    target_parts = target_inputs(generated, target.device, rule.cpu_arguments)
+    ref = run_op(op, rule, sample, fresh_leaves(generated), backward=backward, device="cpu", seed=seed)
+    tgt = run_op(op, rule, sample, target_parts, backward=backward, device=target.device, seed=seed,
+                 prepare=target.prepare if target.compiles else None)
+    target.synchronize()
+    judge = _judge(_tolerances().for_dtype(key, scope="op"), rule, target_parts, target.device)
+    return judge_sample(index, op, rule, sample, generated, ref, tgt, backward=backward, seed=seed, judge=judge,
+                        nondeterministic=[])
 
 
 def _has_sparse(samples) -> bool:
@@ -275,7 +308,10 @@ def _has_sparse(samples) -> bool:
 def judge_sample(i, op, rule, sample, parts, ref: SideResult, tgt: SideResult, *, backward, seed, judge: Judge,
                  nondeterministic: list[int]) -> SampleVerdict:
     """One sample's verdict. A sample the CPU reference cannot reproduce is judged by dtype, shape and device
-    only (the judge's ``inconclusive``), and listed in the case's evidence."""
+    only (the judge's ``inconclusive``), and listed in the case's evidence.
+
+    ``parts``: the sample as generated, never run (an in-place variant mutates the copies each side runs);
+    the golden and the second reference run start from fresh copies of it."""
     if ref.skipped or tgt.skipped:
         return SampleVerdict(index=i, status=Status.SKIP, message=ref.skipped or tgt.skipped)
     if ref.error is not None:
@@ -302,8 +338,38 @@ def judge_sample(i, op, rule, sample, parts, ref: SideResult, tgt: SideResult, *
         return SampleVerdict(index=i, status=Status.PASS, comparison=verdict.comparison.to_dict())
     if verdict:
         return SampleVerdict(index=i, status=Status.PASS, comparison=verdict.comparison.to_dict())
-    return SampleVerdict(index=i, status=Status.MISMATCH, message=verdict.comparison.summary(),
+    message = verdict.comparison.summary()
+    promoted = _result_type_note(sample, parts, ref.value)
+    return SampleVerdict(index=i, status=Status.MISMATCH, message=f"{message} {promoted}".strip(),
                          comparison=verdict.comparison.to_dict())
+
+
+def _result_type_note(sample, parts, reference) -> str:
+    """For operands of mixed dtypes: what ``torch.result_type`` says the result's dtype is."""
+    from .families.mixed import expected_dtype
+
+    if " with a " not in (sample.name or "") or not isinstance(reference, torch.Tensor):
+        return ""
+    expected = expected_dtype(parts)
+    if expected is None:
+        return ""
+    agrees = "as the reference's" if expected == reference.dtype else f"the reference gives {reference.dtype}"
+    return f"(torch.result_type gives {expected}, {agrees})"
+
+
+def _name_the_cause(case: Case, outcome: Outcome, samples, verdicts: list[SampleVerdict]) -> None:
+    """Names what the failing samples have in common (op_tests/causes.py) in the outcome's evidence."""
+    if outcome.status in (Status.PASS, Status.SKIP):
+        return
+    judged = [v for v in verdicts if v.status is not Status.SKIP]
+    family = case.config.get("inputs", "")
+    facts = [sample_facts(samples[v.index], family) for v in judged]
+    failed = [v.status is not Status.PASS for v in judged]
+    if outcome.status is Status.CPU_FALLBACK:
+        failed = [True] * len(judged)
+    cause = case_cause(facts, failed)
+    if cause is not None:
+        outcome.evidence["cause"] = cause.to_dict()
 
 def _poison_free_memory(like) -> None:
     """Fills, then frees, blocks the size of the reference's outputs before the second reference run.

@@ -1,11 +1,17 @@
-"""Reproducers for operator cases: a standalone script plus its saved inputs.
+"""Reproducers for operator cases: a standalone script plus its saved inputs, at most 1 MB by default.
 
-``repro.py`` reruns exactly the failing samples on the reference and on the
-target and prints the comparison. Inputs are saved with ``torch.save`` as
-plain tensors and a JSON structure and loaded with ``weights_only=True``,
-never unpickled. The script needs only torch (it uses neuron-validate's
-comparison when installed, ``torch.testing.assert_close`` otherwise), and it
-sets the emulator profile and faults the case ran with before importing torch.
+``repro.py`` reruns the failing sample on the reference and on the target
+and prints the comparison. For a failure judged in the worker (a mismatch,
+an error), the saved sample is the failing one with the fewest input bytes,
+shrunk while it keeps failing the same way (shrink.py); the script says
+which input family found it ("length 129 on dim -1", "transposed input")
+and how it was shrunk. After a crash or a hang, samples are saved in order
+while they fit the budget. Inputs are saved with ``torch.save`` as plain
+tensors and a JSON structure and loaded with ``weights_only=True``, never
+unpickled. The script needs only torch (it uses neuron-validate's target
+resolution and comparison when installed, ``torch.testing.assert_close``
+otherwise); it sets the emulator profile, faults and backend modules the
+case ran with before importing torch.
 """
 
 from __future__ import annotations
@@ -18,13 +24,16 @@ from pathlib import Path
 from conformance import serialize
 from conformance.case import Case
 from conformance.outcome import Outcome
-from conformance.settings import EMULATOR_ENV
+from conformance.outcome import Status
+from conformance.settings import BACKEND_MODULES_ENV, EMULATOR_ENV
 
 import torch
 
-from .samples import generate_samples, sample_parts
+from .samples import generate_samples, sample_parts, sample_variant
 from .rules import rule_for
 from .sources import get_op, op_key
+
+JUDGED = (Status.MISMATCH, Status.ERROR, Status.UNSUPPORTED)  # failures seen in the worker, not crashes or hangs
 
 
 def _mark_cpu(t: torch.Tensor) -> torch.Tensor:
@@ -37,7 +46,7 @@ SCRIPT = '''#!/usr/bin/env python
 """Reproducer for {title} (case {case_id}).
 
 Outcome: {status}: {message}
-
+{found}
 Run:  python repro.py [--target {target}] [--reference {reference}] [--sample N]
 """
 import argparse
@@ -51,10 +60,27 @@ CASE = json.loads({case_json!r})
 RUN_ENV = json.loads({env_json!r})
 for _k, _v in RUN_ENV.items():
     os.environ.setdefault(_k, _v)
+BACKEND_MODULES = [m for m in RUN_ENV.get("NEURON_VALIDATE_BACKEND_MODULES", "").split(",") if m]
+sys.path.insert(0, os.getcwd())  # backend modules named relative to where the run started
 
 import torch  # noqa: E402
 
 {decoder}
+
+{run_variant}
+
+
+def prepare_target(target):
+    """The target device, set up as the run did: neuron-validate's resolution when installed."""
+    try:
+        from conformance.target import resolve_target
+    except ImportError:
+        import importlib
+
+        for name in BACKEND_MODULES:
+            importlib.import_module(name)
+        return
+    resolve_target(target, backend_modules=tuple(BACKEND_MODULES))
 
 
 def load_samples():
@@ -89,6 +115,8 @@ def run(op, sample, device):
     from torch.utils._pytree import tree_leaves
 
     inp, args, kwargs = to_device((sample["input"], tuple(sample["args"]), sample["kwargs"]), device)
+    if sample.get("variant"):
+        return run_variant(op, sample["variant"], inp, args, kwargs)
     out = op(inp, *args, **kwargs)
     if CASE["mode"] != "backward":
         return out
@@ -110,12 +138,17 @@ def main():
     parser.add_argument("--reference", default={reference!r})
     parser.add_argument("--sample", type=int, default=None, help="only this sample index")
     args = parser.parse_args()
+    prepare_target(args.target)
     op = find_op()
     failed = 0
-    for sample in load_samples():
+    samples = load_samples()
+    if not samples:
+        sys.exit("no inputs were saved: " + NOTE)
+    for sample in samples:
         if args.sample is not None and sample["index"] != args.sample:
             continue
-        print(f"sample {{sample['index']}}:", flush=True)
+        print(f"sample {{sample['index']}} (found by: {{sample.get('found_by') or 'OpInfo sample'}}"
+              + (f"; {{sample['shrunk']}}" if sample.get("shrunk") else "") + "):", flush=True)
         try:
             expected = run(op, sample, args.reference)
         except Exception as exc:
@@ -143,6 +176,8 @@ def main():
     sys.exit(1 if failed else 0)
 
 
+NOTE = {note!r}
+
 if __name__ == "__main__":
     main()
 '''
@@ -151,29 +186,78 @@ if __name__ == "__main__":
 def write_repro(case: Case, outcome: Outcome, ctx) -> str | None:
     op = get_op(f"{case.name}.{case.family}" if case.family else case.name)
     samples = generate_samples(op, case)
-    failing = [f["sample"] for f in outcome.evidence.get("failures", [])]
-    indices = failing or list(range(len(samples)))  # a crash or hang: all samples, in order
-    saved = []
-    for i in indices:
-        inp, args, kwargs = sample_parts(samples[i])
-        keep = rule_for(op_key(op)).cpu_arguments
-        args = tuple(a if j not in keep or not isinstance(a, torch.Tensor) else _mark_cpu(a) for j, a in enumerate(args))
-        saved.append({"index": i, "seed": case.seed * 100_003 + i, "input": inp, "args": list(args), "kwargs": kwargs})
+    budget = int(getattr(ctx.settings, "repro_max_bytes", DEFAULT_MAX_BYTES))
+    failing = [f["sample"] for f in outcome.evidence.get("failures", []) if f["sample"] < len(samples)]
+    keep = rule_for(op_key(op)).cpu_arguments
+    note = ""
+    if failing and outcome.status in JUDGED:
+        chosen = min(failing, key=lambda i: (_input_bytes(samples[i]), i))
+        saved_sample, shrunk = _shrunk(op, case, samples[chosen], chosen, outcome.status, ctx)
+        saved = [_record(saved_sample, chosen, case, keep, shrunk)]
+        payload = serialize.pack(saved)
+        if len(payload) > budget:
+            note = (f"the smallest failing sample needs {len(payload) / 2**20:.1f} MB of inputs, over the "
+                    f"{budget / 2**20:.1f} MB budget; rerun the case: neuron-conformance ops --ops {case.name}")
+            payload = serialize.pack([])
+    else:  # a crash or a hang: every sample, in order, while they fit (the process died, so nothing was shrunk)
+        saved, payload = [], serialize.pack([])
+        for i in range(len(samples)):
+            attempt = serialize.pack(saved + [_record(samples[i], i, case, keep, "")])
+            if len(attempt) > budget:
+                note = f"samples {i} and later are not saved (over the {budget / 2**20:.1f} MB budget)"
+                break
+            saved.append(_record(samples[i], i, case, keep, ""))
+            payload = attempt
     folder = Path(ctx.artifacts) / "repro" / case.id
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "inputs.pt").write_bytes(serialize.pack(saved))
-    env = {k: os.environ[k] for k in EMULATOR_ENV if k in os.environ}
+    (folder / "inputs.pt").write_bytes(payload)
+    env = {k: os.environ[k] for k in (*EMULATOR_ENV, BACKEND_MODULES_ENV) if k in os.environ}
+    from .families.variants import run_variant
+
+    found = ""
+    if saved and saved[0].get("found_by"):
+        found = f"Found by: {saved[0]['found_by']}" + (f"; {saved[0]['shrunk']}" if saved[0].get("shrunk") else "")
     script = SCRIPT.format(
         title=case.title,
         case_id=case.id,
         status=outcome.status.value,
         message=outcome.message.replace('"""', "'''")[:500],
+        found=found.replace('"""', "'''"),
         target=str(ctx.target.spec.device),
         reference=str(ctx.reference.spec.device),
         case_json=json.dumps(case.to_dict()),
         env_json=json.dumps(env),
         decoder=inspect.getsource(serialize._decode),
+        run_variant=inspect.getsource(run_variant),
+        note=note,
     )
     path = folder / "repro.py"
     path.write_text(script)
     return str(path)
+
+
+DEFAULT_MAX_BYTES = 2**20
+
+
+def _input_bytes(sample) -> int:
+    from .shrink import input_bytes
+
+    return input_bytes(sample)
+
+
+def _shrunk(op, case: Case, sample, index: int, status: Status, ctx):
+    """The sample shrunk while it fails with ``status``; the sample as it was when shrinking is off or fails."""
+    from .execute import check_sample
+    from .shrink import shrink
+
+    if not getattr(ctx.settings, "shrink", True):
+        return sample, ""
+    result = shrink(sample, lambda candidate: check_sample(op, case, candidate, index, ctx.target).status is status)
+    return result.sample, result.describe()
+
+
+def _record(sample, index: int, case: Case, keep: tuple[int, ...], shrunk: str) -> dict:
+    inp, args, kwargs = sample_parts(sample)
+    args = tuple(a if j not in keep or not isinstance(a, torch.Tensor) else _mark_cpu(a) for j, a in enumerate(args))
+    return {"index": index, "seed": case.seed * 100_003 + index, "input": inp, "args": list(args), "kwargs": kwargs,
+            "variant": sample_variant(sample), "found_by": sample.name or "", "shrunk": shrunk}

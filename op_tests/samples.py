@@ -30,6 +30,10 @@ def generate_samples(op, case: Case) -> list:
     """
     if case.config.get("source") == "hypothesis":
         return hypothesis_samples(op, case)
+    if case.config.get("source") == "family":
+        from .families import family_samples
+
+        return family_samples(op, case)
     dtype = to_dtype(case.dtype)
     limit = int(case.config.get("max_samples", 0))
     torch.manual_seed(case.seed)
@@ -93,8 +97,10 @@ def generator_digest() -> str:
         from pathlib import Path
 
         h = hashlib.blake2b(digest_size=16)
-        for name in ("samples.py", "sources.py", "strategies.py"):
-            h.update(Path(__file__).with_name(name).read_bytes())
+        here = Path(__file__).parent
+        for path in [here / "samples.py", here / "sources.py", here / "strategies.py",
+                     *sorted((here / "families").glob("*.py"))]:
+            h.update(path.read_bytes())
         _generator_digest = h.hexdigest()
     return _generator_digest
 
@@ -116,7 +122,8 @@ def cacheable_inputs(samples) -> list | None:
             if isinstance(leaf, torch.Tensor) and (type(leaf) is not torch.Tensor or leaf.is_conj() or leaf.is_neg()
                                                    or not saves_exactly(leaf)):
                 return None
-        out.append({"input": inp, "args": list(args), "kwargs": kwargs, "name": sample.name})
+        out.append({"input": inp, "args": list(args), "kwargs": kwargs, "name": sample.name,
+                    "variant": sample_variant(sample)})
     return out
 
 
@@ -127,10 +134,14 @@ def restore_samples(entry) -> list | None:
     inputs = entry.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != len(entry.get("samples", ())):
         return None
-    from torch.testing._internal.opinfo.core import SampleInput
+    from .families.templates import make_sample
 
-    return [SampleInput(s["input"], args=tuple(s["args"]), kwargs=dict(s["kwargs"]), name=s.get("name", ""))
-            for s in inputs]
+    return [make_sample((s["input"], s["args"], s["kwargs"]), s.get("name", ""), s.get("variant", "")) for s in inputs]
+
+
+def sample_variant(sample) -> str:
+    """"" for a plain call of the op; "inplace", "out", "out_resize" or "view" (families/variants.py)."""
+    return getattr(sample, "variant", "")
 
 
 def sample_parts(sample) -> tuple[Any, tuple, dict]:

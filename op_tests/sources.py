@@ -97,6 +97,7 @@ class OpSelection:
     max_samples: int = 0  # 0: all samples
     seed: int = 0
     hypothesis_examples: int = 16  # per element-wise op x float dtype x direction; 0: none
+    families: tuple[str, ...] = ()  # input families (op_tests/families): () none; see FAMILIES
 
 
 def select_ops(patterns=("*",), exclude=()) -> list:
@@ -172,5 +173,31 @@ def hypothesis_cases(selection: OpSelection = OpSelection()) -> list[Case]:
     return cases
 
 
+def family_cases(selection: OpSelection = OpSelection()) -> list[Case]:
+    """One case per op x dtype x direction x input family, for the dtypes each family covers."""
+    from .families import family
+
+    chosen = [family(name) for name in selection.families]
+    if not chosen:
+        return []
+    for d in selection.directions:
+        if d not in DIRECTIONS:
+            raise ValueError(f"unknown direction {d!r} (directions: {', '.join(DIRECTIONS)})")
+    cases = []
+    for op in select_ops(selection.patterns, selection.exclude):
+        supported = tuple(sorted(dtype_name(d) for d in op.supported_dtypes("cpu")))
+        for fam in chosen:
+            for direction in selection.directions:
+                for name in fam.dtypes(op, supported, direction):
+                    if selection.dtypes and name not in selection.dtypes:
+                        continue
+                    if direction == "backward" and not supports_backward(op, to_dtype(name)):
+                        continue
+                    cases.append(Case(kind="op", name=op.name, family=op.variant_test_name, dtype=name,
+                                      mode=direction, config={"source": "family", "inputs": fam.name},
+                                      seed=selection.seed))
+    return cases
+
+
 def all_cases(selection: OpSelection = OpSelection()) -> list[Case]:
-    return op_cases(selection) + hypothesis_cases(selection)
+    return op_cases(selection) + hypothesis_cases(selection) + family_cases(selection)

@@ -14,7 +14,6 @@ top-100 text-generation architectures"):
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -99,14 +98,21 @@ class OpMatrix:
         return Rate(passed=sum(c.passes for c in judged), total=len(judged))
 
 
+def _inputs_label(title: str) -> str:
+    """``{layouts}`` from ``op:exp[float32,forward]{layouts}``: where an op case's inputs come from."""
+    return title[title.rindex("{"):] if title.endswith("}") and "{" in title else ""
+
+
 def op_matrix(rows: Iterable) -> OpMatrix:
     cells: dict[tuple[str, str], Cell] = {}
     for r in rows:
         if r.kind != "op":
             continue
         cell = cells.setdefault((op_key(r), r.dtype or "-"), Cell())
-        cell.statuses[r.mode or "-"] = r.status
-        cell.case_ids[r.mode or "-"] = r.case_id
+        # One entry per case: OpInfo's, the hypothesis examples' and each input family's, per direction.
+        key = (r.mode or "-") + _inputs_label(getattr(r, "title", ""))
+        cell.statuses[key] = r.status
+        cell.case_ids[key] = r.case_id
     return OpMatrix(dtypes=sorted({d for _, d in cells}), ops=sorted({o for o, _ in cells}), cells=cells)
 
 
@@ -169,59 +175,3 @@ def headline(rows: list) -> Headline:
         families=model_families(rows),
         counts=dict(Counter(r.status.value for r in rows)),
     )
-
-
-# ---------------------------------------------------------------- errors
-_NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-_HEX = re.compile(r"0x[0-9a-fA-F]+")
-_PATH = re.compile(r"(?:/[\w.-]+){2,}")
-_TUPLE = re.compile(r"\((?:N,\s*)+N?\)")
-_MORE = re.compile(r"\s*\(\+N more samples?\)")
-_SPEC = re.compile(r"\s*\[TensorSpec\(.*?\)\]")
-_SPACE = re.compile(r"\s+")
-SIGNATURE_CHARS = 160
-
-
-def error_signature(message: str) -> str:
-    """A message with its particulars (numbers, addresses, paths, sample indices) taken out, so that
-    failures with one cause group together: "sample 3: ... 37 / 4096 ..." and "sample 0: ... 2 / 9 ..."
-    are the same error."""
-    text = (message or "").strip().splitlines()[0] if message else ""
-    text = re.sub(r"^sample \d+:\s*", "", text)
-    text = _SPEC.sub("", text)
-    text = _HEX.sub("ADDR", text)
-    text = _PATH.sub("…", text)
-    text = _NUMBER.sub("N", text)
-    text = _TUPLE.sub("(…)", text)
-    text = _MORE.sub("", text)
-    text = text.split(";")[0].replace("ADDR", "0x…")
-    text = _SPACE.sub(" ", text).strip()
-    return text[:SIGNATURE_CHARS] or "(no message)"
-
-
-@dataclass(slots=True, kw_only=True)
-class ErrorGroup:
-    status: str
-    signature: str
-    count: int = 0
-    example: str = ""
-    example_case: str = ""  # case id
-    names: Counter = field(default_factory=Counter)
-
-    @property
-    def top_names(self) -> list[tuple[str, int]]:
-        return self.names.most_common(6)
-
-
-def error_groups(rows: Iterable, *, limit: int = 30) -> list[ErrorGroup]:
-    groups: dict[tuple[str, str], ErrorGroup] = {}
-    for r in rows:
-        if r.status not in FAILING:
-            continue
-        key = (r.status.value, error_signature(r.message))
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = ErrorGroup(status=key[0], signature=key[1], example=r.message, example_case=r.case_id)
-        group.count += 1
-        group.names[op_key(r) if r.kind == "op" else f"{r.family}/{r.name}"] += 1
-    return sorted(groups.values(), key=lambda g: (-g.count, g.status, g.signature))[:limit]

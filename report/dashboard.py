@@ -17,6 +17,7 @@ their reproducers, and the loss curves.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import shutil
@@ -26,10 +27,14 @@ from urllib.parse import quote
 
 from conformance.outcome import FAILING
 
-from .coverage import COLUMNS, Headline, error_groups, headline, model_families, op_matrix
+from results.groups import FailureGroup, failures_from_rows, group_failures
+
+from .coverage import COLUMNS, Headline, headline, model_families, op_matrix
 
 IMAGE_SUFFIXES = (".png", ".svg", ".jpg", ".jpeg", ".gif", ".webp")
-REPRO_BUDGET_BYTES = 200 * 2**20  # reproducers copied into the site, at most (inputs can be large)
+# Only each failure group's smallest reproducer is copied into the site, within this budget; every other
+# case links to its reproducer in the results folder, so a site stays a few MB however much fails.
+REPRO_BUDGET_BYTES = 4 * 2**20
 MAX_FAILURE_ROWS = 2000
 SERIES_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
@@ -115,6 +120,15 @@ class Failure:
 
 
 @dataclass(slots=True, kw_only=True)
+class GroupRow:
+    """A failure group (results/groups.py) with its smallest reproducer, copied into the site."""
+
+    group: FailureGroup
+    repro: str | None  # relative URL inside the site, or None
+    repro_note: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
 class ScriptRow:
     """A user script checked in this build (``neuron-validate`` or ``neuron-conformance scripts``)."""
 
@@ -146,7 +160,7 @@ class Page:
     comparison: object | None
     trend: list[TrendRow]
     chart: Chart | None
-    errors: list
+    groups: list[GroupRow]
     failures: list[Failure]
     failures_total: int
     images: list[Image]
@@ -217,26 +231,63 @@ def _images(store, build_id: str, copier: _Copier) -> list[Image]:
     return images
 
 
-def _failures(store, build_id: str, copier: _Copier) -> tuple[list[Failure], int]:
+def _repro_of(store, row, reruns) -> Path | None:
+    stored = row.outcome.repro or next((r.outcome.repro for r in reversed(reruns.get(row.outcome.case_id, []))
+                                        if r.outcome.repro), None)
+    return store.artifact(stored) if stored else None
+
+
+def _folder_bytes(script: Path) -> int | None:
+    try:
+        return sum(p.stat().st_size for p in script.parent.iterdir() if p.is_file())
+    except OSError:
+        return None
+
+
+def _failures(store, build_id: str, copier: _Copier) -> tuple[list[GroupRow], list[Failure], int]:
+    """Failure groups, each with its smallest reproducer copied into the site, and the failing cases, each
+    linking to its reproducer where it lies in the results folder."""
     reruns = store.reruns(build_id)
-    failures, total = [], 0
-    for row in store.results(build_id, statuses=FAILING):
-        total += 1
-        if len(failures) >= MAX_FAILURE_ROWS:
-            continue
-        stored = row.outcome.repro or next((r.outcome.repro for r in reversed(reruns.get(row.outcome.case_id, []))
-                                            if r.outcome.repro), None)
+    rows = list(store.results(build_id, statuses=FAILING))
+    paths = {row.outcome.case_id: _repro_of(store, row, reruns) for row in rows}
+    # A reproducer written by a rerun counts as the case's own.
+    found = [f if f.repro or paths.get(f.case_id) is None else dataclasses.replace(f, repro=str(paths[f.case_id]))
+             for f in failures_from_rows(rows)]
+    groups = group_failures(found, repro_size=lambda stored: _folder_bytes(store.artifact(stored)))
+    group_rows = []
+    for g in groups:
         link, note = None, ""
-        if stored:
-            path = store.artifact(stored)
+        if g.repro:
+            path = store.artifact(g.repro)
             if path.is_file():
-                link = copier.copy_repro(path, row.outcome.case_id)
+                lead = next(m for m in g.members if m.repro == g.repro)
+                link = copier.copy_repro(path, lead.case_id)
                 note = "" if link else f"not copied (over the site's size budget): {path}"
+            else:
+                note = f"missing: {path}"
+        group_rows.append(GroupRow(group=g, repro=link, repro_note=note))
+    failures = []
+    for row in rows[:MAX_FAILURE_ROWS]:
+        path = paths.get(row.outcome.case_id)
+        link, note = None, ""
+        if path is not None:
+            if path.is_file():
+                link = _relative_link(path, copier.out)
             else:
                 note = f"missing: {path}"
         failures.append(Failure(case_id=row.outcome.case_id, title=row.title, status=row.outcome.status.value,
                                 message=row.outcome.message, repro=link, repro_note=note))
-    return failures, total
+    return group_rows, failures, len(rows)
+
+
+def _relative_link(path: Path, site: Path) -> str:
+    """A link from the site to a file in the results folder (the site works where the results lie)."""
+    import os
+
+    try:
+        return quote(os.path.relpath(path.resolve(), site.resolve()).replace(os.sep, "/"))
+    except ValueError:  # another drive
+        return path.resolve().as_uri()
 
 
 def _scripts(store, build_id: str, copier: _Copier) -> list[ScriptRow]:
@@ -273,16 +324,21 @@ def collect(store, *, build: str, baseline: str | None, out: Path) -> Page:
     for t in trend:
         if t.current:
             t.headline = current
-    failures, failures_total = _failures(store, build, copier)
+    groups, failures, failures_total = _failures(store, build, copier)
     page = Page(
         build=info, baseline=base, generated=datetime.datetime.now().isoformat(timespec="seconds"),
         results=str(store.path), headline=current, matrix=op_matrix(rows), families=model_families(rows),
         comparison=comparison, trend=trend,
         chart=trend_chart([(t.build, t.headline) for t in trend], build) if trend else None,
-        errors=error_groups(rows), failures=failures, failures_total=failures_total,
+        groups=groups, failures=failures, failures_total=failures_total,
         images=_images(store, build, copier),
     )
     page.repro_links = {f.case_id: f.repro for f in failures if f.repro}
+    for g in groups:  # a group's lead reproducer is in the site itself
+        if g.repro:
+            for m in g.group.members:
+                if m.repro == g.group.repro:
+                    page.repro_links[m.case_id] = g.repro
     page.scripts = _scripts(store, build, copier)
     if page.families:
         page.survey_counts, page.survey = _survey()

@@ -11,7 +11,8 @@ import time
 from results.store import ResultStore, db_path
 from tests.conftest import REPO
 
-OPS = ("--ops", "tanh,add,sigmoid,exp,sin,cos,neg,abs", "--dtypes", "float32", "--directions", "forward")
+OPS = ("--ops", "tanh,add,sigmoid,exp,sin,cos,neg,abs", "--dtypes", "float32", "--directions", "forward",
+       "--families", "none")
 ENV = {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact",
        "NEURON_VALIDATE_FAULTS": "perturb@aten::exp,rel=0.01;raise@aten::sin"}  # mismatches and errors too
 

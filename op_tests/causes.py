@@ -1,0 +1,186 @@
+"""What the failing samples of an op case have in common: the cause a failure group is named after.
+
+A stride bug in ``exp`` fails every dtype and direction, in OpInfo's samples,
+the hypothesis examples and the layouts family alike; one report line per
+case would bury it. So each sample gets plain facts about its inputs
+(non-contiguous, a dimension longer than 128, values beyond int32, mixed
+dtypes, an in-place call, ...), and a failing case's cause is the fact that
+every failing sample has and the fewest passing samples have: "non-contiguous
+inputs", "rows longer than 128". Facts are read from the inputs themselves,
+never from knowing a fault, and are coarse on purpose, so that one root
+cause gets the same name in every case it breaks (results/groups.py groups
+by op, status and cause).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from .samples import sample_parts, sample_variant
+
+TILE = 128
+LONG = 65536
+
+
+def _tensors(parts) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(parts) if isinstance(t, torch.Tensor) and t.layout == torch.strided]
+
+
+def _values(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().resolve_conj().resolve_neg()
+
+
+_REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def _float_values(ts) -> list[tuple[torch.Tensor, torch.dtype]]:
+    """Each floating tensor's values in float64 (complex: real and imaginary parts), with its real dtype."""
+    out = []
+    for t in ts:
+        if t.numel() and (t.is_floating_point() or t.is_complex()):
+            v = _values(t)
+            v = torch.view_as_real(v.to(torch.complex128)) if v.is_complex() else v.to(torch.float64)
+            out.append((v.reshape(-1), _REAL.get(t.dtype, t.dtype)))
+    return out
+
+
+def _int_values(ts) -> list[tuple[torch.Tensor, torch.dtype]]:
+    return [(_values(t).reshape(-1), t.dtype) for t in ts
+            if t.numel() and not (t.is_floating_point() or t.is_complex()) and t.dtype != torch.bool]
+
+
+def _dim_argument(sample) -> int | None:
+    """The ``dim`` the op reduces or normalises over, as the sample passes it."""
+    dim = sample.kwargs.get("dim")
+    if dim is None and sample.args and isinstance(sample.args[0], int):
+        dim = sample.args[0]
+    return dim if isinstance(dim, int) and not isinstance(dim, bool) else None
+
+
+def sample_facts(sample, family: str = "") -> frozenset[str]:
+    """The facts (keys of CAUSES) that hold for one sample's inputs."""
+    parts = sample_parts(sample)
+    ts = _tensors(parts)
+    facts: set[str] = set()
+    variant = sample_variant(sample)
+    if variant:
+        facts.add(f"variant:{variant}")
+    if family == "mixed":
+        facts.add("mixed_dtypes")
+        operands = sorted({str(t.dtype).removeprefix("torch.") for t in ts})
+        scalars = sorted({type(v).__name__ for v in tree_leaves(parts) if isinstance(v, (bool, int, float, complex))})
+        facts.add("dtypes:" + ",".join(operands + [f"Python {s}" for s in scalars]))
+        if "Python" in (sample.name or ""):
+            facts.add("python_scalar")
+    if any(not t.is_contiguous() and t.numel() > 1 for t in ts):
+        facts.add("noncontiguous")
+    if any(t.storage_offset() > 0 for t in ts):
+        facts.add("storage_offset")
+    if any(0 in t.shape for t in ts):
+        facts.add("empty")
+    if any(max(t.shape, default=0) >= LONG for t in ts):
+        facts.add("long")
+    dim = _dim_argument(sample)
+    x = next(iter(ts), None)
+    if dim is not None and x is not None and -x.dim() <= dim < x.dim() and x.shape[dim] > TILE:
+        facts.add("dim_over_tile")
+    if any(t.dim() and t.shape[-1] > TILE for t in ts):
+        facts.add("rows_over_tile")
+    if any(t.dim() > 1 and t.shape[0] > TILE for t in ts):
+        facts.add("leading_over_tile")
+    for v, dtype in _float_values(ts):
+        info = torch.finfo(dtype)
+        finite = v[torch.isfinite(v)]
+        if finite.numel() < v.numel():
+            facts.add("nonfinite")
+        if finite.numel():
+            size = finite.abs()
+            if bool((size > 2.0**24).any()):
+                facts.add("above_2_24")
+            if bool((size >= info.max / 4).any()):
+                facts.add("large_values")
+            if bool(((size > 0) & (size < info.smallest_normal)).any()) or bool(
+                    ((finite == 0) & torch.signbit(finite)).any()):
+                facts.add("tiny_values")
+    for v, dtype in _int_values(ts):
+        info = torch.iinfo(dtype)
+        if bool(((v == info.min) | (v == info.max)).any()):
+            facts.add("int_limits")
+        wide = v.to(torch.int64) if dtype != torch.uint64 else v.view(torch.int64)
+        if bool(((wide > 2**31 - 1) | (wide < -(2**31))).any()):
+            facts.add("beyond_int32")
+        if bool((wide.abs() > 2**24).any()):
+            facts.add("above_2_24")
+    return frozenset(facts)
+
+
+# key -> what the failing samples have in common, as a report says it; most specific first (ties break here)
+CAUSES: dict[str, str] = {
+    "variant:inplace": "the in-place variant",
+    "variant:out": "out= with a preallocated output",
+    "variant:out_resize": "out= with an output to resize",
+    "variant:view": "views (writes through the output must reach the input)",
+    "python_scalar": "Python scalar operands",
+    "mixed_dtypes": "operands of mixed dtypes",
+    "long": "reductions of 65,536 elements or more",
+    "dim_over_tile": "the reduced dimension longer than 128",
+    "rows_over_tile": "rows longer than 128",
+    "leading_over_tile": "a leading dimension longer than 128",
+    "beyond_int32": "integers beyond the int32 range",
+    "int_limits": "integer minimum and maximum values",
+    "above_2_24": "values above 2^24",
+    "nonfinite": "infinities and NaN",
+    "tiny_values": "denormal values and -0.0",
+    "large_values": "very large values",
+    "noncontiguous": "non-contiguous inputs",
+    "storage_offset": "inputs at a storage offset",
+    "empty": "empty tensors",
+}
+ALL_INPUTS = ("all", "every input")
+SOME_INPUTS = ("some", "some inputs")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cause:
+    key: str
+    text: str
+    failing: int  # samples that failed
+    passing_alike: int  # passing samples that share the fact (0: it separates them exactly)
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "text": self.text, "failing": self.failing, "passing_alike": self.passing_alike}
+
+
+def case_cause(facts: list[frozenset[str]], failed: list[bool]) -> Cause | None:
+    """The fact every failing sample has and the fewest passing ones have; None when nothing failed."""
+    failing = [f for f, bad in zip(facts, failed) if bad]
+    passing = [f for f, bad in zip(facts, failed) if not bad]
+    if not failing:
+        return None
+    if not passing:
+        return Cause(key=ALL_INPUTS[0], text=ALL_INPUTS[1], failing=len(failing), passing_alike=0)
+    shared = set.intersection(*(set(f) for f in failing))
+    best = None
+    dynamic = sorted(k for k in shared if k.startswith("dtypes:"))
+    for rank, key in enumerate([*dynamic, *CAUSES]):
+        if key not in shared:
+            continue
+        alike = sum(key in f for f in passing)
+        if alike == len(passing):  # every sample has it: it tells nothing
+            continue
+        score = (alike, rank)
+        if best is None or score < best[0]:
+            best = (score, key, alike)
+    if best is None:
+        return Cause(key=SOME_INPUTS[0], text=SOME_INPUTS[1], failing=len(failing), passing_alike=len(passing))
+    _, key, alike = best
+    return Cause(key=key, text=cause_text(key), failing=len(failing), passing_alike=alike)
+
+
+def cause_text(key: str) -> str:
+    if key.startswith("dtypes:"):
+        return "operands of dtypes " + " and ".join(key.removeprefix("dtypes:").split(","))
+    return CAUSES.get(key) or dict((ALL_INPUTS, SOME_INPUTS)).get(key, key)

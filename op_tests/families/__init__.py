@@ -1,0 +1,142 @@
+"""Input families that hunt accelerator bugs, on top of OpInfo's samples.
+
+OpInfo's samples are small, same-dtype, contiguous and moderate-valued; the
+bugs accelerators ship hide exactly where they are not. Each family derives
+new samples from an op's own OpInfo samples (its *templates*), so it applies
+to every op whose samples it can transform, not only to element-wise ones:
+
+- ``sizes``: lengths across hardware tile boundaries (1, 127, 128, 129, ...,
+  2049) and long reductions (65,536 elements) on the leading, last and
+  ``dim`` dimensions (sizes.py);
+- ``extremes``: integer limits, values beyond 2^24 and 2^31, the largest
+  finite value, denormals, infinities, NaN and -0.0 (extremes.py);
+- ``mixed``: operands of other dtypes, 0-d tensors and Python scalars, whose
+  result dtype must follow ``torch.result_type`` (mixed.py);
+- ``layouts``: the same values transposed, sliced with a step, expanded,
+  channels-last, and at a storage offset (layouts.py);
+- ``variants``: in-place and ``out=`` against the functional result, and
+  views that must alias their base (variants.py).
+
+A family case is one op x dtype x direction x family, with config
+``{"source": "family", "inputs": FAMILY}``: a stable id, and a fixed seed
+(the case's) for everything random in it. Each sample is named after what
+makes it special ("length 129 on dim -1", "transposed input"), and that name
+reaches messages, reproducers and failure groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+FAMILIES = ("sizes", "extremes", "mixed", "layouts", "variants")
+
+
+class FamilyNotApplicable(ValueError):
+    """The op's samples give this family nothing to transform."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Family:
+    name: str
+    description: str
+    # dtype names (of those the op supports, sorted) that get a case, per direction
+    dtypes: Callable[[object, tuple[str, ...], str], tuple[str, ...]]
+    make: Callable[[object, object], list]  # (op, case) -> samples
+
+
+def _first_of(preferred: tuple[str, ...], fallback: int = 1):
+    """The preferred dtypes the op supports; when it supports none of them, its first ``fallback`` dtypes."""
+
+    def choose(op, supported: tuple[str, ...], direction: str) -> tuple[str, ...]:
+        chosen = tuple(d for d in preferred if d in supported)
+        return chosen or supported[:fallback]
+
+    return choose
+
+
+def _extreme_dtypes(op, supported: tuple[str, ...], direction: str) -> tuple[str, ...]:
+    """Every dtype but bool (which has no extremes) forward; float32 backward."""
+    if direction == "forward":
+        return tuple(d for d in supported if d != "bool")
+    return tuple(d for d in ("float32",) if d in supported)
+
+
+def _sizes_dtypes(op, supported, direction):
+    if direction == "backward":
+        return tuple(d for d in ("float32",) if d in supported)
+    return _first_of(("float32", "bfloat16", "int64"))(op, supported, direction)
+
+
+def _layout_dtypes(op, supported, direction):
+    if direction == "backward":
+        return tuple(d for d in ("float32",) if d in supported)
+    # One dtype per kind of kernel: reduced and full float, integer, bool, complex.
+    return _first_of(("float32", "float16", "bfloat16", "int64", "int32", "uint8", "bool", "complex64"))(
+        op, supported, direction)
+
+
+def _mixed_dtypes(op, supported, direction):
+    from .mixed import applies
+
+    if direction != "forward" or not applies(op):
+        return ()
+    return _first_of(("float32", "float16", "bfloat16", "int32", "int64", "uint8", "bool"))(op, supported, direction)
+
+
+def _variant_dtypes(op, supported, direction):
+    from .variants import applies
+
+    if direction != "forward" or not applies(op):
+        return ()
+    floats = [d for d in supported if getattr(torch, d).is_floating_point]
+    ints = [d for d in supported if not getattr(torch, d).is_floating_point and not getattr(torch, d).is_complex
+            and d != "bool"]
+    chosen = (["float32"] if "float32" in floats else floats[:1]) + (["int64"] if "int64" in ints else ints[:1])
+    return tuple(chosen) or supported[:1]
+
+
+def _registry() -> dict[str, Family]:
+    from . import extremes, layouts, mixed, sizes, variants
+
+    return {
+        "sizes": Family(name="sizes", description="lengths across tile boundaries and long reductions",
+                        dtypes=_sizes_dtypes, make=sizes.make_samples),
+        "extremes": Family(name="extremes", description="integer limits, 2^24 and 2^31, fp specials",
+                           dtypes=_extreme_dtypes, make=extremes.make_samples),
+        "mixed": Family(name="mixed", description="mixed dtypes, 0-d tensors and Python scalars",
+                        dtypes=_mixed_dtypes, make=mixed.make_samples),
+        "layouts": Family(name="layouts", description="transposed, step-sliced, expanded, channels-last, offset",
+                          dtypes=_layout_dtypes, make=layouts.make_samples),
+        "variants": Family(name="variants", description="in-place, out= and view aliasing",
+                           dtypes=_variant_dtypes, make=variants.make_samples),
+    }
+
+
+_FAMILIES: dict[str, Family] | None = None
+
+
+def family(name: str) -> Family:
+    global _FAMILIES
+    if _FAMILIES is None:
+        _FAMILIES = _registry()
+    if name not in _FAMILIES:
+        import difflib
+
+        close = difflib.get_close_matches(name, FAMILIES, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ValueError(f"unknown input family {name!r}{hint} (families: {', '.join(FAMILIES)})")
+    return _FAMILIES[name]
+
+
+def family_samples(op, case) -> list:
+    """The samples of a family case, made on the CPU, deterministic for its seed."""
+    samples = family(case.config["inputs"]).make(op, case)
+    if not samples:
+        raise FamilyNotApplicable(f"the op's samples give the {case.config['inputs']} family nothing to transform")
+    return samples
+
+
+__all__ = ["FAMILIES", "Family", "FamilyNotApplicable", "family", "family_samples"]

@@ -1,0 +1,124 @@
+"""The ``sizes`` family: lengths across hardware tile boundaries, and long reductions.
+
+Trainium's partition dimension is 128, and accelerator kernels tile at 128,
+256, 512 and 2048; a kernel that normalises each tile on its own, or drops
+the last partial tile, is right for every length OpInfo uses (5, 10, 20).
+So a template is resized on one dimension at a time (its leading one, its
+last one and the one its ``dim`` argument names) to 1, 127, 128, 129, 255,
+256, 257, 511, 512, 513, 2047, 2048 and 2049, and the last and ``dim``
+dimensions also to 65,536 and 65,537: long reductions, where an
+accumulator's precision or a partial sum's tiling shows.
+
+Resizing gathers the template's own values along that dimension (the first
+ones when shrinking, seeded random picks when growing), so an op's domain
+(acos in [-1, 1], indices in range) is kept. Other tensors follow where
+the op couples them: the dimension aligned with it by broadcasting, or
+failing that every dimension of the same length (the contracted dimension
+of a matmul). A first try at length+1 on the CPU tells which coupling the op
+allows; a template none fits is left out.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .templates import has_empty, keep_grad, make_sample, map_tensors, numel, parts_of, primary, runs_on_cpu, templates
+
+TILE_SIZES = (1, 127, 128, 129, 255, 256, 257, 511, 512, 513, 2047, 2048, 2049)
+LONG_SIZES = (65536, 65537)
+MAX_NUMEL = 2**19  # elements of one sample (all its tensors)
+MAX_NUMEL_LONG = 2**20
+TEMPLATES_SCANNED = 4
+COUPLINGS = ("aligned", "same length", "same length and size arguments", "alone")
+
+
+def _dim_argument(template, rank: int) -> int | None:
+    dim = template.kwargs.get("dim")
+    if dim is None and template.args and isinstance(template.args[0], int) and not isinstance(template.args[0], bool):
+        dim = template.args[0]
+    if isinstance(dim, int) and not isinstance(dim, bool) and -rank <= dim < rank:
+        return dim % rank
+    return None
+
+
+def _index(old: int, new: int, gen: torch.Generator) -> torch.Tensor:
+    if new <= old:
+        return torch.arange(new)
+    return torch.cat([torch.arange(old), torch.randint(0, old, (new - old,), generator=gen)])
+
+
+def resized(parts, dim: int, new: int, coupling: str, seed: int):
+    """``parts`` with the primary tensor's ``dim`` of length ``new``, and the coupled dimensions of the others."""
+    x = primary(parts)
+    old = x.shape[dim]
+    gen = torch.Generator().manual_seed(seed * 7919 + dim * 131 + new)
+    index = _index(old, new, gen)
+
+    def resize(_, t: torch.Tensor):
+        if t is x:
+            dims = [dim]
+        elif coupling == "aligned":
+            j = t.dim() - (x.dim() - dim)
+            dims = [j] if 0 <= j < t.dim() and t.shape[j] == old else []
+        elif coupling.startswith("same length"):
+            dims = [j for j in range(t.dim()) if t.shape[j] == old]
+        else:
+            dims = []
+        if not dims:
+            return t
+        out = t.detach()
+        for j in dims:
+            out = out.index_select(j, index)
+        return keep_grad(out.contiguous(), t)
+
+    out = map_tensors(parts, resize)
+    if coupling == "same length and size arguments":  # layer_norm's normalized_shape, view's sizes, ...
+        out = (out[0], tuple(_sizes_replaced(a, old, new) for a in out[1]),
+               {k: _sizes_replaced(v, old, new) for k, v in out[2].items()})
+    return out
+
+
+def _sizes_replaced(value, old: int, new: int):
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, int) and not isinstance(v, bool)
+                                                          for v in value):
+        return type(value)(new if v == old else v for v in value)
+    return value
+
+
+def _coupling(op, parts, dim: int, seed: int) -> str | None:
+    x = primary(parts)
+    for coupling in COUPLINGS:
+        if runs_on_cpu(op, resized(parts, dim, x.shape[dim] + 1, coupling, seed)):
+            return coupling
+    return None
+
+
+def make_samples(op, case) -> list:
+    backward = case.mode == "backward"
+    def resizable(sample) -> bool:
+        x = primary(parts_of(sample))
+        return x is not None and x.dim() > 0 and not has_empty(parts_of(sample))
+
+    found = templates(op, case, requires_grad=backward, limit=TEMPLATES_SCANNED * 3, keep=resizable)
+    # Rank 2 and up first (a leading and a last dimension), smallest first.
+    found.sort(key=lambda s: (primary(parts_of(s)).dim() < 2, numel(parts_of(s))))
+    for k, template in enumerate(found[:TEMPLATES_SCANNED]):
+        parts = parts_of(template)
+        x = primary(parts)
+        rank = x.dim()
+        dims = list(dict.fromkeys(d for d in (rank - 1, 0, _dim_argument(template, rank)) if d is not None))
+        samples = []
+        for dim in dims:
+            coupling = _coupling(op, parts, dim, case.seed)
+            if coupling is None:
+                continue
+            long_ok = dim != 0 or rank == 1 or dim == _dim_argument(template, rank)
+            for new in TILE_SIZES + (LONG_SIZES if long_ok else ()):
+                candidate = resized(parts, dim, new, coupling, case.seed)
+                if numel(candidate) > (MAX_NUMEL_LONG if new in LONG_SIZES else MAX_NUMEL):
+                    continue
+                label = f"dim {dim - rank}" if dim == rank - 1 else f"dim {dim}"
+                samples.append(make_sample(candidate, f"length {new} on {label} (sample {k}, {coupling})"))
+        if samples:
+            return samples
+    return []

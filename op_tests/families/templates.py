@@ -1,0 +1,137 @@
+"""The op's own samples that a family transforms, and how a transformed sample is put together.
+
+A template is a plain OpInfo sample: dense strided tensors (no conjugate or
+negative views), the default output processing, inputs with no empty
+dimension. Families never invent an op's arguments; they change the tensors
+of samples the op's authors wrote, so every op with samples can take part.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterator
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+_DEFAULT_OUTPUT_PROCESS = "SampleInput.__init__.<locals>.<lambda>"
+SCANNED = 12  # OpInfo samples looked at per case, at most
+
+
+def is_plain(sample) -> bool:
+    if getattr(sample.output_process_fn_grad, "__qualname__", "") != _DEFAULT_OUTPUT_PROCESS:
+        return False
+    leaves = tensor_leaves(parts_of(sample))
+    return bool(leaves) and all(
+        type(t) is torch.Tensor and t.layout == torch.strided and not t.is_conj() and not t.is_neg()
+        for t in leaves)
+
+
+def parts_of(sample) -> tuple:
+    return sample.input, tuple(sample.args), dict(sample.kwargs)
+
+
+def tensor_leaves(parts) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten(parts)
+    return [t for t in leaves if isinstance(t, torch.Tensor)]
+
+
+def templates(op, case, *, requires_grad: bool, limit: int, smallest_first: bool = False, keep=None) -> list:
+    """Up to ``limit`` plain samples of the op for the case's dtype (OpInfo's order, or smallest first) for
+    which ``keep(sample)`` holds."""
+    torch.manual_seed(case.seed)
+    dtype = getattr(torch, case.dtype)
+    found = []
+    for i, sample in enumerate(op.sample_inputs("cpu", dtype, requires_grad=requires_grad)):
+        if i >= SCANNED:
+            break
+        if is_plain(sample) and (keep is None or keep(sample)):
+            found.append(sample)
+    if smallest_first:
+        found.sort(key=lambda s: sum(t.numel() for t in tensor_leaves(parts_of(s))))
+    return found[:limit]
+
+
+def primary(parts) -> torch.Tensor | None:
+    """The tensor a family resizes or relayouts first: the sample's input, or the first tensor of an input list."""
+    inp = parts[0]
+    if isinstance(inp, torch.Tensor):
+        return inp
+    if isinstance(inp, (list, tuple)):
+        return next((t for t in inp if isinstance(t, torch.Tensor)), None)
+    return None
+
+
+def map_tensors(parts, fn: Callable[[int, torch.Tensor], object]) -> tuple:
+    """``parts`` with each tensor leaf replaced by ``fn(index, tensor)`` (index in flattening order)."""
+    leaves, spec = tree_flatten(parts)
+    out, k = [], 0
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            out.append(fn(k, leaf))
+            k += 1
+        else:
+            out.append(leaf)
+    return tree_unflatten(out, spec)
+
+
+def keep_grad(new: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``new`` detached, requiring grad exactly when ``like`` did (a leaf either way)."""
+    new = new.detach()
+    if like.requires_grad and (new.is_floating_point() or new.is_complex()):
+        new.requires_grad_(True)
+    return new
+
+
+def make_sample(parts, name: str, variant: str = ""):
+    """An OpInfo SampleInput named after what makes it special; ``variant`` says how the op is called."""
+    inp, args, kwargs = parts
+    return _sample_type()(inp, args=tuple(args), kwargs=dict(kwargs), name=name, variant=variant)
+
+
+_SAMPLE_TYPE = None
+
+
+def _sample_type():
+    """OpInfo's SampleInput with one more slot: the variant (families/variants.py) the sample is run as."""
+    global _SAMPLE_TYPE
+    if _SAMPLE_TYPE is None:
+        from torch.testing._internal.opinfo.core import SampleInput
+
+        class FamilySample(SampleInput):
+            __slots__ = ("variant",)
+
+            def __init__(self, *args, variant: str = "", **kwargs):
+                super().__init__(*args, **kwargs)
+                self.variant = variant
+
+        _SAMPLE_TYPE = FamilySample
+    return _SAMPLE_TYPE
+
+
+def numel(parts) -> int:
+    return sum(t.numel() for t in tensor_leaves(parts))
+
+
+def has_empty(parts) -> bool:
+    return any(0 in t.shape for t in tensor_leaves(parts))
+
+
+def runs_on_cpu(op, parts, fn=None) -> bool:
+    """Whether the op accepts these inputs on the CPU (the reference): a family keeps only what the op allows."""
+    inp, args, kwargs = parts
+    try:
+        with torch.no_grad():
+            (fn or op)(inp, *args, **kwargs)
+        return True
+    except Exception:  # noqa: BLE001 - any refusal means the op does not allow this transformation
+        return False
+
+
+def cycle(values: list, n: int, shift: int = 0) -> Iterator:
+    for i in range(n):
+        yield values[(i + shift) % len(values)]
+
+
+def prod(shape) -> int:
+    return math.prod(shape)
