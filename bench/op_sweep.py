@@ -1,8 +1,10 @@
 """Figures of the operator sweep on the emulated device.
 
-Prints, for the selected ops (default: all of op_db, forward and backward):
+Prints, for the selected ops (default: all of op_db, forward and backward, every input family):
+  0. the cases per source: OpInfo's samples, the hypothesis examples, and each input family
+     (sizes, extremes, mixed, layouts, variants);
   1. the sweep with -j N: cases, wall time, and time split by generation,
-     execution (reference, target) and comparison, summed over workers;
+     execution (reference, target) and comparison, summed over workers; time per source;
   2. harness overhead: the harness's time per case with one worker against
      the raw work of the same samples done in a plain loop in one process
      (generate the samples, run them on the reference and on the target), on
@@ -43,12 +45,19 @@ def sweep(cases, results, build, jobs, timeout):
         cached += outcome.cached_reference
         for k, v in outcome.timings.items():
             totals[k] = totals.get(k, 0.0) + v
+        source = f"source: {source_of(case)}"
+        totals[source] = totals.get(source, 0.0) + outcome.duration_s
 
     start = time.perf_counter()
     with ResultStore.open(results) as store:
         summary = run_suite(cases, settings=settings, plugins=[StoreWriter(store), OnOutcome(collect)], build_id=build, manifest={}, target_label="neuron",
                             jobs=jobs)
     return time.perf_counter() - start, summary, totals, cached
+
+
+def source_of(case) -> str:
+    """opinfo, hypothesis, or the input family's name."""
+    return case.config.get("inputs") or case.config.get("source", "opinfo")
 
 
 def report_verdicts(results: str) -> None:
@@ -161,6 +170,7 @@ def main() -> None:
     parser.add_argument("--ops", default="*")
     parser.add_argument("--dtypes", default="")
     parser.add_argument("--directions", default="forward,backward")
+    parser.add_argument("--families", default="all", help="input families, comma-separated; 'all' or 'none'")
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--profile", default="exact")
     parser.add_argument("--timeout", type=float, default=300)
@@ -171,11 +181,18 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["NEURON_VALIDATE_EMULATOR_PROFILE"] = args.profile
 
+    from collections import Counter
+
+    from op_tests.families import FAMILIES
     from op_tests.sources import OpSelection, all_cases
 
     split = lambda s: tuple(x for x in s.split(",") if x)  # noqa: E731
+    families = FAMILIES if args.families == "all" else () if args.families == "none" else split(args.families)
     cases = all_cases(OpSelection(patterns=split(args.ops) or ("*",), dtypes=split(args.dtypes),
-                                  directions=split(args.directions)))
+                                  directions=split(args.directions), families=families))
+    counts = Counter(source_of(c) for c in cases)
+    print(f"cases: {len(cases)}; per source: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(),
+                                                                                          key=lambda kv: -kv[1])))
     results = args.keep or tempfile.mkdtemp(prefix="op_sweep_")
     try:
         if args.overhead_only:
@@ -184,10 +201,13 @@ def main() -> None:
         cold, summary, totals, _ = sweep(cases, results, "cold", args.jobs, args.timeout)
         print(f"sweep: {summary.total} cases (profile {args.profile}, -j {args.jobs}) in {cold:.1f} s "
               f"= {cold / 60:.1f} min; outcomes {summary.counts}")
-        work = sum(totals.values())
+        work = sum(v for k, v in totals.items() if not k.startswith("source: "))
         for key in ("generation", "reference", "target", "comparison"):
             share = totals.get(key, 0.0)
             print(f"  {key:<11} {share:9.1f} s  ({100 * share / work:4.1f}% of in-case time, summed over workers)")
+        for key in sorted(k for k in totals if k.startswith("source: ")):
+            print(f"  {key:<22} {totals[key]:9.1f} s over {counts[key.removeprefix('source: ')]} cases "
+                  "(summed over workers, reproducers included)")
         per_case_harness = cold * args.jobs / max(summary.total, 1)
         warm, warm_summary, _, cached = sweep(cases, results, "warm", args.jobs, args.timeout)
         print(f"rerun with a warm reference cache: {warm:.1f} s ({cached} of {warm_summary.total} cases from cache); "

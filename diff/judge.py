@@ -14,6 +14,13 @@ reference computed, is the target right? It answers in this order:
    the CPU does not reproduce its own result, the values cannot be judged:
    the verdict is ``inconclusive`` if dtype, shape and device agree, else
    ``mismatch``. Never a silent pass.
+4. **noise floor** (diff.precision), for a target whose precision model names
+   ops it computes at lower precision: the reference runs K more times with
+   those ops perturbed at the model's unit roundoff. A deviation within a
+   multiple of that spread passes, marked "within device precision" with the
+   significant bits kept; a reference whose spread leaves no significant bit
+   is ``inconclusive`` with its condition estimate; anything beyond is a
+   ``mismatch``.
 
 It also holds the one classification of errors a side raised
 (:func:`classify_error`).
@@ -27,6 +34,7 @@ from typing import Any, Callable
 from conformance.outcome import Status
 
 from .compare import Comparison, compare
+from .precision import NoiseFloor, PrecisionModel, noise_floor
 
 # What a backend says when it does not implement something, as opposed to failing at it.
 UNSUPPORTED_MARKERS = (
@@ -75,12 +83,22 @@ class Judgement:
     golden_error: str | None = None
     nondeterministic: bool = False
     notes: list[str] = field(default_factory=list)
+    noise: NoiseFloor | None = None  # the noise-floor verdict, where one was formed
+    precision: PrecisionModel | None = None
 
     def __bool__(self) -> bool:
         return self.status is Status.PASS
 
     @property
+    def within_precision(self) -> bool:
+        """A pass that needed the device's precision model (not a plain match)."""
+        return self.status is Status.PASS and self.noise is not None and self.noise.within
+
+    @property
     def message(self) -> str:
+        if self.noise is not None and (self.status is not Status.MISMATCH or not self.noise.within):
+            return self.noise.describe(self.precision) + (
+                "" if self.status is not Status.MISMATCH else f"; {self.comparison.summary()}")
         if self.status is Status.INCONCLUSIVE:
             return ("the CPU reference does not reproduce its own result, so only dtype, shape and device are "
                     "compared (they agree)")
@@ -99,11 +117,14 @@ class Judge:
     tolerance: Any = None
     device: str | None = None
     rule: str = "values"
+    precision: PrecisionModel | None = None  # the target's; None or empty: no noise floor
 
     def __call__(self, actual: Any, expected: Any, *, golden: Any | Lazy = None,
-                 reference_again: Lazy | None = None, path: str = "output") -> Judgement:
+                 reference_again: Lazy | None = None, noise: Callable[[], list] | None = None,
+                 path: str = "output") -> Judgement:
         """``golden``: the float64 result, or a function that computes it when needed (its failure is
-        noted, not raised); ``reference_again``: a function that runs the reference once more."""
+        noted, not raised); ``reference_again``: a function that runs the reference once more;
+        ``noise``: a function that returns perturbed reference runs (diff.precision.perturbed_runs)."""
         options = dict(tolerance=self.tolerance, device=self.device, path=path)
         result = compare(actual, expected, rule=self.rule, **options)
         if result:
@@ -111,6 +132,16 @@ class Judge:
         judgement = Judgement(status=Status.MISMATCH, comparison=result)
         if not all(m.kind in ("values", "nonfinite") for m in result.mismatches):
             return judgement  # a wrong dtype, shape, device or structure is wrong whatever float64 says
+        # The noise floor first where the target has a precision model: a difference its documented precision
+        # explains passes without a golden run or a rerun (what a zoo case with the noise floor may cost).
+        floor = None
+        if self.precision and noise is not None and self.rule == "values":
+            floor = noise_floor(actual, expected, noise(), self.precision, path=path)
+            if floor is not None:
+                judgement.noise, judgement.precision = floor, self.precision
+                if floor.within and not floor.inconclusive:
+                    judgement.status = Status.PASS
+                    return judgement
         value = golden
         if callable(golden):
             try:
@@ -123,7 +154,11 @@ class Judge:
             judgement.comparison = compare(actual, expected, golden=value, rule=self.rule, **options)
             if judgement.comparison:
                 judgement.status = Status.PASS
+                judgement.noise = None  # today's golden band passes it: no precision needed
                 return judgement
+        if floor is not None and floor.inconclusive and floor.within:  # nothing judged failed; the rest cannot be
+            judgement.status = Status.INCONCLUSIVE
+            return judgement
         if reference_again is not None:
             again = reference_again()
             if again is not None and not compare(again, expected, rule="values", tolerance=self.tolerance):

@@ -26,6 +26,7 @@ from conformance.host_copies import HostCopies, watch_host_copies
 from conformance.outcome import Outcome, Status
 from conformance.target import EAGER_UNDER_COMPILE, Compiled
 from diff.judge import Judge, classify_error
+from diff.precision import PrecisionModel, model_for, perturbed_runs
 from diff.sides import to_device
 from diff.tolerances import TolerancePolicy
 from runner.executors import Executor
@@ -168,6 +169,7 @@ class SampleVerdict:
     status: Status
     message: str = ""
     comparison: dict | None = None
+    noise: dict | None = None  # the noise-floor verdict (diff.precision), where the judge formed one
 
 
 @dataclass
@@ -210,6 +212,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     cached = entry["samples"] if cache_ok else None
     fresh_reference: list = []
     tolerance = _tolerances().for_dtype(key, scope="op")
+    precision = model_for(target)
     verdicts: list[SampleVerdict] = []
     worst: dict[str, float] = {}
     nondeterministic: list[int] = []
@@ -247,7 +250,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             timer.add("target", t0)
 
             t0 = time.perf_counter()
-            judge = _judge(tolerance, rule, target_parts, target.device)
+            judge = _judge(tolerance, rule, target_parts, target.device, precision)
             verdict = judge_sample(i, op, rule, sample, generated, ref, tgt, backward=backward, seed=seed,
                                    judge=judge, nondeterministic=nondeterministic)
             if sample.name and verdict.status not in (Status.PASS, Status.SKIP):
@@ -268,7 +271,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             ctx.cache.put(case.id, entry)
     trace = tracker.trace
     outcome = _aggregate(case, verdicts, worst, trace, timer.totals, rule, nondeterministic, cached=cache_ok,
-                         host=host)
+                         host=host, precision=precision)
     _name_the_cause(case, outcome, samples, verdicts)
     if compiled_graphs:
         outcome.evidence["compiled_graphs"] = compiled_graphs
@@ -276,10 +279,12 @@ def execute_op_case(case: Case, ctx) -> Outcome:
 
 
 
-def _judge(tolerance, rule: OpRule, target_parts, device: torch.device) -> Judge:
-    """The judge of one sample: outputs must land on the target when some input or device argument is there."""
+def _judge(tolerance, rule: OpRule, target_parts, device: torch.device, precision: PrecisionModel | None = None
+           ) -> Judge:
+    """The judge of one sample: outputs must land on the target when some input or device argument is there;
+    the target's precision model gives the noise floor."""
     expected_device = device.type if _expects_device(target_parts, device) else None
-    return Judge(tolerance=tolerance, device=expected_device, rule=rule.compare)
+    return Judge(tolerance=tolerance, device=expected_device, rule=rule.compare, precision=precision)
 
 
 def check_sample(op, case: Case, sample, index: int, target) -> SampleVerdict:
@@ -295,7 +300,7 @@ def check_sample(op, case: Case, sample, index: int, target) -> SampleVerdict:
     tgt = run_op(op, rule, sample, target_parts, backward=backward, device=target.device, seed=seed,
                  prepare=target.prepare if target.compiles else None)
     target.synchronize()
-    judge = _judge(_tolerances().for_dtype(key, scope="op"), rule, target_parts, target.device)
+    judge = _judge(_tolerances().for_dtype(key, scope="op"), rule, target_parts, target.device, model_for(target))
     return judge_sample(index, op, rule, sample, generated, ref, tgt, backward=backward, seed=seed, judge=judge,
                         nondeterministic=[])
 
@@ -328,20 +333,47 @@ def judge_sample(i, op, rule, sample, parts, ref: SideResult, tgt: SideResult, *
 
     def reference_again():
         _poison_free_memory(ref.value)
-        again = run_op(op, rule, sample, to_device(parts, "cpu", same_layout=True), backward=backward, device="cpu",
-                       seed=seed)
+        again = run_op(op, rule, sample, _fenced(to_device(parts, "cpu", same_layout=True)), backward=backward,
+                       device="cpu", seed=seed)
         return again.value if again.error is None else None
 
-    verdict = judge(tgt.value, ref.value, golden=golden, reference_again=reference_again)
-    if verdict.status is Status.INCONCLUSIVE:
+    def perturbed():
+        return [r for r in perturbed_runs(lambda: _reference_value(op, rule, sample, parts, backward, seed),
+                                          judge.precision, seed=seed) if r is not None]
+
+    verdict = judge(tgt.value, ref.value, golden=golden, reference_again=reference_again, noise=perturbed)
+    noise = verdict.noise.to_dict() if verdict.noise is not None else None
+    if verdict.status is Status.INCONCLUSIVE and verdict.nondeterministic:
         nondeterministic.append(i)
         return SampleVerdict(index=i, status=Status.PASS, comparison=verdict.comparison.to_dict())
+    if verdict.status is Status.INCONCLUSIVE:  # the precision model leaves the reference no significant bit
+        return SampleVerdict(index=i, status=Status.INCONCLUSIVE, message=verdict.message,
+                             comparison=verdict.comparison.to_dict(), noise=noise)
     if verdict:
-        return SampleVerdict(index=i, status=Status.PASS, comparison=verdict.comparison.to_dict())
-    message = verdict.comparison.summary()
+        return SampleVerdict(index=i, status=Status.PASS, comparison=verdict.comparison.to_dict(), noise=noise,
+                             message=verdict.message if verdict.within_precision else "")
+    if verdict.status is Status.MISMATCH and _has_views(parts) and not sample_variant(sample):
+        contiguous = run_op(op, rule, sample, to_device(parts, "cpu"), backward=backward, device="cpu", seed=seed)
+        if contiguous.error is None and not judge(contiguous.value, ref.value):
+            # The CPU's own answer changes with the layout of the same values: it is no reference here.
+            return SampleVerdict(index=i, status=Status.SKIP,
+                                 message="the CPU reference gives another result for the same values stored "
+                                         "contiguously")
+    message = verdict.message
     promoted = _result_type_note(sample, parts, ref.value)
     return SampleVerdict(index=i, status=Status.MISMATCH, message=f"{message} {promoted}".strip(),
-                         comparison=verdict.comparison.to_dict())
+                         comparison=verdict.comparison.to_dict(), noise=noise)
+
+
+def _has_views(parts) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.layout == torch.strided and t.numel() > 1
+               and (not t.is_contiguous() or t.storage_offset() > 0) for t in tree_leaves(parts))
+
+
+def _reference_value(op, rule, sample, parts, backward: bool, seed: int):
+    result = run_op(op, rule, sample, to_device(parts, "cpu", same_layout=True), backward=backward, device="cpu",
+                    seed=seed)
+    return result.value if result.error is None else None
 
 
 def _result_type_note(sample, parts, reference) -> str:
@@ -371,6 +403,33 @@ def _name_the_cause(case: Case, outcome: Outcome, samples, verdicts: list[Sample
     if cause is not None:
         outcome.evidence["cause"] = cause.to_dict()
 
+FENCE = 256  # elements of poison after each input's storage in the second reference run
+
+
+def _fenced(parts):
+    """The inputs again, each storage followed by poison.
+
+    A kernel that reads past its input's storage (seen with stride-0,
+    expanded inputs) reads whatever lies there; in two reference runs in a row
+    that is usually the same, so the reference looks deterministic while the
+    target, with other neighbours, differs. With poison after the storage,
+    such a kernel shows up as a reference that does not reproduce itself.
+    """
+    from torch.utils._pytree import tree_map
+
+    def fence(t):
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.is_conj() or t.is_neg() or not t.numel():
+            return t
+        n = t.untyped_storage().nbytes() // t.element_size()
+        poison = True if t.dtype == torch.bool else 77 if not (t.is_floating_point() or t.is_complex()) else 1.2345e4
+        buf = torch.full((n + FENCE,), poison, dtype=t.dtype)
+        buf[:n].copy_(torch.as_strided(t.detach(), (n,), (1,), 0))
+        out = buf.as_strided(t.size(), t.stride(), t.storage_offset())
+        return out.requires_grad_(t.requires_grad) if t.requires_grad else out
+
+    return tree_map(fence, parts)
+
+
 def _poison_free_memory(like) -> None:
     """Fills, then frees, blocks the size of the reference's outputs before the second reference run.
 
@@ -385,10 +444,11 @@ def _poison_free_memory(like) -> None:
     del blocks
 
 
-SEVERITY = (Status.MISMATCH, Status.ERROR, Status.UNSUPPORTED)
+SEVERITY = (Status.MISMATCH, Status.ERROR, Status.UNSUPPORTED, Status.INCONCLUSIVE)
 
 
-def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *, cached, host: HostCopies) -> Outcome:
+def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *, cached, host: HostCopies,
+               precision: PrecisionModel | None = None) -> Outcome:
     """The case's outcome from its samples' verdicts. Host execution comes from two independent sources:
     the backend's own tracking (``trace.fallback``) and host<->device copies seen inside an op (``host``)."""
     by_status: dict[str, int] = {}
@@ -409,6 +469,13 @@ def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *,
     }
     if nondeterministic:
         evidence["nondeterministic_reference_samples"] = nondeterministic
+    within = [v for v in verdicts if v.status is Status.PASS and v.noise is not None]
+    if precision:
+        evidence["precision_model"] = precision.to_dict()
+    if within:
+        worst_bits = min(within, key=lambda v: v.noise["bits_kept"] - v.noise["bits_expected"])
+        evidence["within_precision"] = {"samples": len(within), "model": precision.summary if precision else "",
+                                        "worst": worst_bits.noise}
     skipped = sorted({v.message for v in verdicts if v.status is Status.SKIP})
     if skipped:
         evidence["skipped_samples"] = skipped[:3]  # why some samples could not be judged
@@ -427,7 +494,7 @@ def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *,
             message = f"sample {hits[0].index}: {hits[0].message}"
             if len(hits) > 1:
                 message += f" (+{len(hits) - 1} more samples)"
-            if s is not Status.MISMATCH:
+            if s not in (Status.MISMATCH, Status.INCONCLUSIVE):
                 evidence["error"] = hits[0].message
             break
     else:
@@ -440,6 +507,8 @@ def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *,
             message = f"numerically right, but ran on the host: {', '.join(on_host[:4])}"
             if host:
                 message += f" [seen in the profile: {host.describe()}]"
+    if within and status in (Status.PASS, Status.CPU_FALLBACK):
+        message += f"; {len(within)} of them {worst_bits.message}"
     if nondeterministic and status in (Status.PASS, Status.CPU_FALLBACK):
         message += (f" ({len(nondeterministic)} compared by metadata only: the CPU reference does not reproduce "
                     "its own result for them)")

@@ -26,6 +26,7 @@ from conformance.case import Case
 from conformance.outcome import Outcome
 from conformance.outcome import Status
 from conformance.settings import BACKEND_MODULES_ENV, EMULATOR_ENV
+from diff.sides import same_layout_copy
 
 import torch
 
@@ -67,6 +68,8 @@ import torch  # noqa: E402
 
 {decoder}
 
+{same_layout_copy}
+
 {run_variant}
 
 
@@ -105,7 +108,7 @@ def to_device(value, device):
             return t
         if getattr(t, "_saved_on", "") == "cpu_argument":  # the op's API wants this argument on the CPU
             return t
-        out = t.detach().to(device)
+        out = same_layout_copy(t.detach(), device)  # the layout the case saw: a kernel may take another path
         return out.requires_grad_(t.requires_grad) if (out.is_floating_point() or out.is_complex()) else out
 
     return tree_map(move, value)
@@ -228,6 +231,7 @@ def write_repro(case: Case, outcome: Outcome, ctx) -> str | None:
         case_json=json.dumps(case.to_dict()),
         env_json=json.dumps(env),
         decoder=inspect.getsource(serialize._decode),
+        same_layout_copy=inspect.getsource(same_layout_copy),
         run_variant=inspect.getsource(run_variant),
         note=note,
     )

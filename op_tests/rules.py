@@ -39,11 +39,19 @@ class OpRule:
 @functools.lru_cache(maxsize=1)
 def _rules() -> dict:
     data = json.loads(RULES_FILE.read_text())
-    for section in ("distribution", "metadata", "gather_indices", "cpu_arguments"):
+    for section in ("distribution", "metadata", "gather_indices", "cpu_arguments", "input_families"):
         for entry in data.get(section, []):
             if not entry.get("reason"):
                 raise ValueError(f"{RULES_FILE.name}: every {section} entry needs a reason ({entry.get('pattern')})")
     return data
+
+
+def family_exclusion(op_key: str, family: str) -> str | None:
+    """Why an input family does not apply to an op (op_rules.json "input_families"), or None."""
+    for entry in _rules().get("input_families", []):
+        if fnmatch.fnmatchcase(op_key, entry["pattern"]) and family in entry["families"]:
+            return entry["reason"]
+    return None
 
 
 def rule_for(op_key: str) -> OpRule:

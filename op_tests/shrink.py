@@ -65,9 +65,7 @@ def _shapes(sample) -> list[tuple[int, ...]]:
 
 
 def _with_parts(sample, parts):
-    new = make_sample(parts, sample.name or "", sample_variant(sample))
-    new.output_process_fn_grad = sample.output_process_fn_grad
-    return new
+    return make_sample(parts, sample.name or "", sample_variant(sample), like=sample)
 
 
 def _cut(sample, where: list[tuple[int, int]], start: int, length: int):

@@ -176,6 +176,7 @@ def hypothesis_cases(selection: OpSelection = OpSelection()) -> list[Case]:
 def family_cases(selection: OpSelection = OpSelection()) -> list[Case]:
     """One case per op x dtype x direction x input family, for the dtypes each family covers."""
     from .families import family
+    from .rules import family_exclusion
 
     chosen = [family(name) for name in selection.families]
     if not chosen:
@@ -187,6 +188,8 @@ def family_cases(selection: OpSelection = OpSelection()) -> list[Case]:
     for op in select_ops(selection.patterns, selection.exclude):
         supported = tuple(sorted(dtype_name(d) for d in op.supported_dtypes("cpu")))
         for fam in chosen:
+            if family_exclusion(op_key(op), fam.name):
+                continue
             for direction in selection.directions:
                 for name in fam.dtypes(op, supported, direction):
                     if selection.dtypes and name not in selection.dtypes:

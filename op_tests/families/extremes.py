@@ -105,5 +105,5 @@ def make_samples(op, case) -> list:
 
             moved = map_tensors(parts, replace)
             if changed:
-                out.append(make_sample(moved, f"{name} (sample {k})"))
+                out.append(make_sample(moved, f"{name} (sample {k})", like=template))
     return out

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from .templates import keep_grad, make_sample, map_tensors, parts_of, templates
+from .templates import SCANNED, has_empty, keep_grad, make_sample, map_tensors, numel, parts_of, primary, templates
 
 OFFSET = 7
 TEMPLATES = 3
+MAX_NUMEL = 2**16  # elements of a template's tensors
 
 
 def _poison(dtype: torch.dtype):
@@ -84,9 +85,14 @@ LAYOUTS = {
 def make_samples(op, case) -> list:
     backward = case.mode == "backward"
     out = []
-    for k, template in enumerate(templates(op, case, requires_grad=backward, limit=TEMPLATES)):
+    found = templates(op, case, requires_grad=backward, limit=SCANNED,
+                      keep=lambda s: not has_empty(parts_of(s)) and numel(parts_of(s)) <= MAX_NUMEL)
+    found = [_as_matrix(op, s) for s in found]
+    # Templates of rank 2 and 3 first (they can be transposed), rank 4 and 5 next (channels-last), small first.
+    found.sort(key=lambda s: (_rank_preference(primary(parts_of(s))), numel(parts_of(s))))
+    for k, template in enumerate(found[:TEMPLATES]):
         parts = parts_of(template)
-        out.append(make_sample(parts, f"contiguous input (sample {k})"))
+        out.append(make_sample(parts, f"contiguous input (sample {k})", like=template))
         for description, transform in LAYOUTS.values():
             changed = False
 
@@ -100,8 +106,34 @@ def make_samples(op, case) -> list:
 
             moved = map_tensors(parts, apply)
             if changed:
-                out.append(make_sample(moved, f"{description} (sample {k})"))
+                out.append(make_sample(moved, f"{description} (sample {k})", like=template))
     return out
+
+
+def _as_matrix(op, template):
+    """For an element-wise op whose sample is a vector: the same values as a matrix (every tensor of the
+    vector's shape reshaped alike), so that it can be transposed. Other samples come back as they are."""
+    from torch.testing._internal.opinfo.core import BinaryUfuncInfo, UnaryUfuncInfo
+
+    parts = parts_of(template)
+    x = primary(parts)
+    if not isinstance(op, (UnaryUfuncInfo, BinaryUfuncInfo)) or x is None or x.dim() != 1:
+        return template
+    n = x.shape[0]
+    rows = max((d for d in range(2, int(n**0.5) + 1) if n % d == 0), default=0)
+    if not rows:
+        return template
+    shape = x.shape
+
+    def reshape(_, t):
+        return keep_grad(t.detach().reshape(rows, n // rows), t) if t.shape == shape else t
+
+    return make_sample(map_tensors(parts, reshape), template.name or "", like=template)
+
+
+def _rank_preference(x) -> int:
+    rank = x.dim() if x is not None else 0
+    return 0 if rank in (2, 3) else 1 if rank in (4, 5) else 2
 
 
 # ---------------------------------------------------------------- keeping a layout while shrinking

@@ -76,7 +76,7 @@ def _label(slot) -> str:
 def make_samples(op, case) -> list:
     dtype = getattr(torch, case.dtype)
     out = []
-    for k, template in enumerate(templates(op, case, requires_grad=False, limit=TEMPLATES)):
+    for k, template in enumerate(templates(op, case, requires_grad=False, limit=TEMPLATES, processed_outputs=False)):
         parts = parts_of(template)
         for slot in _slots(parts, dtype):
             original = _get(parts, slot).detach()

@@ -26,8 +26,11 @@ from .templates import has_empty, keep_grad, make_sample, map_tensors, numel, pa
 
 TILE_SIZES = (1, 127, 128, 129, 255, 256, 257, 511, 512, 513, 2047, 2048, 2049)
 LONG_SIZES = (65536, 65537)
-MAX_NUMEL = 2**19  # elements of one sample (all its tensors)
+MAX_NUMEL = 2**19  # elements of one sample (all its tensors), inputs and outputs each
 MAX_NUMEL_LONG = 2**20
+MAX_OUTPUTS = 64  # tensors an op returns (unbind of 65,536 rows returns 65,536)
+MAX_FLOPS = 2**28  # per sample, counted on the meta device (matmuls and convolutions): a fraction of a second
+UNMEASURED_MAX = 513  # the longest length tried where the op's output size cannot be known beforehand
 TEMPLATES_SCANNED = 4
 COUPLINGS = ("aligned", "same length", "same length and size arguments", "alone")
 
@@ -45,6 +48,19 @@ def _index(old: int, new: int, gen: torch.Generator) -> torch.Tensor:
     if new <= old:
         return torch.arange(new)
     return torch.cat([torch.arange(old), torch.randint(0, old, (new - old,), generator=gen)])
+
+
+def _untied(t: torch.Tensor, dim: int, old: int) -> torch.Tensor:
+    """The picked copies (past ``old`` on ``dim``) scaled towards 0 by distinct factors (steps of 2^-21, four
+    float32 ulps; 3% at most), so they tie neither with the values they copy nor with each other: ops whose
+    result depends on how ties break (quantile's gradient, sort's indices) stay comparable. Scaling towards
+    0 keeps a symmetric domain (acos's [-1, 1]) and the sign."""
+    n = t.shape[dim]
+    shape = [1] * t.dim()
+    shape[dim] = n
+    steps = torch.arange(n, dtype=torch.float64).clamp(min=old - 1) - (old - 1)
+    factor = (1 - steps * 2.0**-21).reshape(shape)
+    return (t.double() * factor).to(t.dtype)
 
 
 def resized(parts, dim: int, new: int, coupling: str, seed: int):
@@ -69,6 +85,8 @@ def resized(parts, dim: int, new: int, coupling: str, seed: int):
         out = t.detach()
         for j in dims:
             out = out.index_select(j, index)
+            if new > old and out.is_floating_point():
+                out = _untied(out, j, old)
         return keep_grad(out.contiguous(), t)
 
     out = map_tensors(parts, resize)
@@ -93,6 +111,35 @@ def _coupling(op, parts, dim: int, seed: int) -> str | None:
     return None
 
 
+def _output_size(op, parts) -> tuple[int, int, int] | None:
+    """(tensors, elements, flops) of the op on these inputs, from a run on the meta device (no data, no
+    time); None where the op cannot run there."""
+    from torch.utils._pytree import tree_leaves
+    from torch.utils.flop_counter import FlopCounterMode
+
+    meta = map_tensors(parts, lambda _, t: t.detach().to("meta"))
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as flops:
+            out = op(meta[0], *meta[1], **meta[2])
+    except Exception:  # noqa: BLE001 - data-dependent shapes, ops without meta kernels
+        return None
+    tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return len(tensors), sum(t.numel() for t in tensors), flops.get_total_flops()
+
+
+def _affordable(op, candidate, new: int) -> bool:
+    """Inputs and outputs within the element budget, and not thousands of outputs: a sample the sweep can
+    afford on both sides, forward and backward."""
+    limit = MAX_NUMEL_LONG if new in LONG_SIZES else MAX_NUMEL
+    if numel(candidate) > limit:
+        return False
+    size = _output_size(op, candidate)
+    if size is None:
+        return new <= UNMEASURED_MAX
+    tensors, elements, flops = size
+    return tensors <= MAX_OUTPUTS and elements <= limit and flops <= MAX_FLOPS
+
+
 def make_samples(op, case) -> list:
     backward = case.mode == "backward"
     def resizable(sample) -> bool:
@@ -115,10 +162,11 @@ def make_samples(op, case) -> list:
             long_ok = dim != 0 or rank == 1 or dim == _dim_argument(template, rank)
             for new in TILE_SIZES + (LONG_SIZES if long_ok else ()):
                 candidate = resized(parts, dim, new, coupling, case.seed)
-                if numel(candidate) > (MAX_NUMEL_LONG if new in LONG_SIZES else MAX_NUMEL):
+                if not _affordable(op, candidate, new):
                     continue
                 label = f"dim {dim - rank}" if dim == rank - 1 else f"dim {dim}"
-                samples.append(make_sample(candidate, f"length {new} on {label} (sample {k}, {coupling})"))
+                samples.append(make_sample(candidate, f"length {new} on {label} (sample {k}, {coupling})",
+                                               like=template))
         if samples:
             return samples
     return []

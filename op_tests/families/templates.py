@@ -15,11 +15,13 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 _DEFAULT_OUTPUT_PROCESS = "SampleInput.__init__.<locals>.<lambda>"
-SCANNED = 12  # OpInfo samples looked at per case, at most
+SCANNED = 48  # OpInfo samples looked at per case, at most
 
 
-def is_plain(sample) -> bool:
-    if getattr(sample.output_process_fn_grad, "__qualname__", "") != _DEFAULT_OUTPUT_PROCESS:
+def is_plain(sample, *, processed_outputs: bool = True) -> bool:
+    """Dense strided tensors, no conjugate or negative views; ``processed_outputs``: the sample may post-process
+    the op's outputs (svd's signs, say), which derived samples keep (``make_sample(like=...)``)."""
+    if not processed_outputs and getattr(sample.output_process_fn_grad, "__qualname__", "") != _DEFAULT_OUTPUT_PROCESS:
         return False
     leaves = tensor_leaves(parts_of(sample))
     return bool(leaves) and all(
@@ -36,16 +38,17 @@ def tensor_leaves(parts) -> list[torch.Tensor]:
     return [t for t in leaves if isinstance(t, torch.Tensor)]
 
 
-def templates(op, case, *, requires_grad: bool, limit: int, smallest_first: bool = False, keep=None) -> list:
+def templates(op, case, *, requires_grad: bool, limit: int, smallest_first: bool = False, keep=None,
+              scanned: int = SCANNED, processed_outputs: bool = True) -> list:
     """Up to ``limit`` plain samples of the op for the case's dtype (OpInfo's order, or smallest first) for
-    which ``keep(sample)`` holds."""
+    which ``keep(sample)`` holds, among the first ``scanned`` of its sample inputs."""
     torch.manual_seed(case.seed)
     dtype = getattr(torch, case.dtype)
     found = []
     for i, sample in enumerate(op.sample_inputs("cpu", dtype, requires_grad=requires_grad)):
-        if i >= SCANNED:
+        if i >= scanned:
             break
-        if is_plain(sample) and (keep is None or keep(sample)):
+        if is_plain(sample, processed_outputs=processed_outputs) and (keep is None or keep(sample)):
             found.append(sample)
     if smallest_first:
         found.sort(key=lambda s: sum(t.numel() for t in tensor_leaves(parts_of(s))))
@@ -83,10 +86,12 @@ def keep_grad(new: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return new
 
 
-def make_sample(parts, name: str, variant: str = ""):
-    """An OpInfo SampleInput named after what makes it special; ``variant`` says how the op is called."""
+def make_sample(parts, name: str, variant: str = "", *, like=None):
+    """An OpInfo SampleInput named after what makes it special; ``variant`` says how the op is called;
+    ``like``: the sample it derives from, whose processing of the op's outputs it keeps."""
     inp, args, kwargs = parts
-    return _sample_type()(inp, args=tuple(args), kwargs=dict(kwargs), name=name, variant=variant)
+    extra = {"output_process_fn_grad": like.output_process_fn_grad} if like is not None else {}
+    return _sample_type()(inp, args=tuple(args), kwargs=dict(kwargs), name=name, variant=variant, **extra)
 
 
 _SAMPLE_TYPE = None

@@ -98,7 +98,7 @@ def run_variant(op, variant: str, inp, args, kwargs) -> dict:
 
 def make_samples(op, case) -> list:
     out = []
-    for k, template in enumerate(templates(op, case, requires_grad=False, limit=TEMPLATES)):
+    for k, template in enumerate(templates(op, case, requires_grad=False, limit=TEMPLATES, processed_outputs=False)):
         parts = parts_of(template)
         if not isinstance(parts[0], torch.Tensor):
             continue

@@ -1,0 +1,423 @@
+"""Precision models and the noise floor: is a difference more than the device's documented precision explains?
+
+A device that evaluates activations from tables, or rounds matmul operands
+to bfloat16, by design, differs from the CPU by more than the golden rule
+allows on almost any deep model; a real fault then drowns in the flood. So a
+target may carry a :class:`PrecisionModel`: which ops it computes at lower
+precision, and how much (a relative and an absolute unit roundoff, on the
+op's inputs or on its outputs).
+
+The noise floor follows stochastic arithmetic (verificarlo's Monte Carlo
+Arithmetic, CADNA): the CPU reference runs K more times with the named ops'
+inputs or outputs perturbed at random at the model's unit roundoff
+(:class:`PerturbMode`, a dispatch mode). The spread of those runs around
+the reference says how far the device may be from it by design. The judge
+(diff.judge) then decides:
+
+- the target's deviation within ``SPREAD_MULTIPLE`` times the spread:
+  ``pass``, marked "within device precision", with the significant bits the
+  target kept against those the model expects;
+- a reference so sensitive that the spread leaves no significant bit:
+  ``inconclusive``, with its condition estimate; never a pass;
+- otherwise ``mismatch``.
+
+Models: the emulated Neuron device's comes from its numerics profile; the
+real torch_neuronx backend gets the same model from the profile of the
+release (so both share it); CUDA's from its TF32 and reduced-precision
+reduction switches. A JSON file (``NEURON_VALIDATE_PRECISION_MODEL`` or
+``--precision-model``) replaces either; every report records the model used.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+PRECISION_MODEL_ENV = "NEURON_VALIDATE_PRECISION_MODEL"
+RUNS = 4  # perturbed reference runs (the K of the noise floor)
+SPREAD_MULTIPLE = 4.0  # the target may deviate this many times the reference's spread
+# Each element's spread is at least this share of its tensor's RMS spread: with K runs, some elements'
+# perturbations are small by chance, and the device's own rounding is not.
+SPREAD_FLOOR = 0.5
+# A few elements (at most this share) may exceed the multiple, up to OUTLIER_MULTIPLE x their spread: with
+# K runs the spread of a single element is a rough estimate. A fault moves most elements, or moves few far.
+OUTLIER_SHARE = 0.01
+OUTLIER_MULTIPLE = 4 * SPREAD_MULTIPLE
+INCONCLUSIVE_RELATIVE_SPREAD = 0.5  # relative spread beyond which nothing can be judged (under one bit left)
+
+BF16_U = 2.0**-8
+FP16_U = 2.0**-11
+TF32_U = 2.0**-11
+FP32_U = 2.0**-24
+FP8_E4M3_U = 2.0**-4
+TABLE_U = 2.0**-14  # linear interpolation over 1/64 steps: h^2/8 |f''| <= 2^-15, with a margin of 2
+
+# ATen ops whose operands the matmul engine takes (what --auto-cast matmult casts).
+MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::addbmm", "aten::baddbmm", "aten::mv", "aten::addmv",
+              "aten::dot", "aten::vdot", "aten::matmul", "aten::linear", "aten::convolution*", "aten::_convolution*",
+              "aten::conv*", "aten::_scaled_dot_product*", "aten::addr", "aten::ger", "aten::outer",
+              "aten::_addmm_activation", "aten::tensordot", "aten::einsum")
+
+
+class PrecisionModelError(ValueError):
+    """A precision model file or value that cannot be used; the message is one line."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpPrecision:
+    """One group of ops the device computes at lower precision."""
+
+    pattern: str  # glob over ATen op names, e.g. "aten::mm" or "aten::*"
+    rel: float  # relative unit roundoff
+    abs: float = 0.0  # absolute error floor (tables are accurate to an absolute error near 0)
+    where: str = "outputs"  # "inputs": the operands are rounded (auto-cast); "outputs": the results
+    reason: str = ""
+    values: str = "float"  # which tensors it applies to: "float", "int" (integer ops computed in float) or "any"
+
+    def __post_init__(self) -> None:
+        if self.where not in ("inputs", "outputs"):
+            raise PrecisionModelError(f"where={self.where!r} (type=str): expected inputs or outputs")
+        if self.values not in ("float", "int", "any"):
+            raise PrecisionModelError(f"values={self.values!r} (type=str): expected float, int or any")
+        if not (0 <= self.rel < 1) or self.abs < 0:
+            raise PrecisionModelError(f"rel={self.rel!r}, abs={self.abs!r}: expected 0 <= rel < 1 and abs >= 0")
+
+    @property
+    def expected_bits(self) -> float:
+        return -math.log2(self.rel) if self.rel > 0 else 53.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrecisionModel:
+    """What a target computes at lower precision. Empty: it computes like the CPU, and nothing changes."""
+
+    name: str
+    ops: tuple[OpPrecision, ...] = ()
+    source: str = ""  # where the model comes from (a profile, a file, CUDA's switches)
+
+    def __bool__(self) -> bool:
+        return bool(self.ops)
+
+    def for_op(self, op_name: str, floating: bool = True) -> OpPrecision | None:
+        """The entry for an op whose tensors are floating (or integer, ``floating=False``)."""
+        for entry in self.ops:
+            if fnmatch.fnmatchcase(op_name, entry.pattern) and (
+                    entry.values == "any" or (entry.values == "float") == floating):
+                return entry
+        return None
+
+    @property
+    def summary(self) -> str:
+        """``bf16 matmul operands, activation tables``: the reasons, for messages."""
+        return ", ".join(dict.fromkeys(e.reason or e.pattern for e in self.ops)) or "exact"
+
+    @property
+    def expected_bits(self) -> float:
+        return min((e.expected_bits for e in self.ops), default=53.0)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "source": self.source,
+                "ops": [{"pattern": e.pattern, "rel": e.rel, "abs": e.abs, "where": e.where, "reason": e.reason,
+                         "values": e.values} for e in self.ops]}
+
+    @classmethod
+    def from_dict(cls, data: dict, *, source: str = "") -> "PrecisionModel":
+        if not isinstance(data, dict) or not isinstance(data.get("ops", []), list):
+            raise PrecisionModelError(f"{source or 'precision model'}: expected an object with a list 'ops'")
+        try:
+            ops = tuple(OpPrecision(**entry) for entry in data.get("ops", []))
+        except TypeError as exc:
+            raise PrecisionModelError(f"{source or 'precision model'}: {exc}") from None
+        return cls(name=str(data.get("name", Path(source).stem if source else "custom")), ops=ops,
+                   source=source or str(data.get("source", "")))
+
+
+EXACT = PrecisionModel(name="exact", source="the target computes like the CPU")
+
+
+def load_model(path: str | Path) -> PrecisionModel:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise PrecisionModelError(f"precision model file not found: {path}") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PrecisionModelError(f"precision model file {path} is not valid JSON: {exc}") from None
+    return PrecisionModel.from_dict(data, source=str(path))
+
+
+def _cast_unit(cast_type: str) -> float:
+    return {"bf16": BF16_U, "fp16": FP16_U, "tf32": TF32_U, "fp8_e4m3": FP8_E4M3_U}.get(cast_type, BF16_U)
+
+
+def model_from_profile(profile) -> PrecisionModel:
+    """The precision model of a Neuron numerics profile (emulator.profiles.NumericsProfile)."""
+    ops: list[OpPrecision] = []
+    u = _cast_unit(profile.auto_cast_type)
+    if profile.auto_cast == "all":
+        ops.append(OpPrecision(pattern="aten::*", rel=u, where="outputs",
+                               reason=f"{profile.auto_cast_type} everywhere (--auto-cast all)"))
+    elif profile.auto_cast == "matmult":
+        ops += [OpPrecision(pattern=p, rel=u, where="inputs", reason=f"{profile.auto_cast_type} matmul operands")
+                for p in MATMUL_OPS]
+    if profile.approximate_activations:
+        knots = max(1, int(profile.activation_knots_per_unit))
+        rel = max(TABLE_U, 1.0 / (4.0 * knots * knots))
+        ops += [OpPrecision(pattern=name, rel=rel, abs=rel, where="outputs", reason="activation tables")
+                for name, _, _ in profile.activation_ranges]
+    if profile.integer_matmul_fp32:
+        ops += [OpPrecision(pattern=p, rel=FP32_U, where="outputs", reason="integer matmul in fp32", values="int")
+                for p in ("aten::mm", "aten::bmm", "aten::addmm", "aten::mv", "aten::dot", "aten::matmul")]
+    if profile.stochastic_rounding and not any(e.pattern == "aten::*" for e in ops):
+        ops.append(OpPrecision(pattern="aten::*", rel=u, where="outputs", reason="stochastic rounding"))
+    return PrecisionModel(name=f"neuron profile {profile.name}", ops=tuple(ops), source=f"emulator profile {profile.name}")
+
+
+def cuda_model() -> PrecisionModel:
+    import torch
+
+    ops: list[OpPrecision] = []
+    if torch.backends.cuda.matmul.allow_tf32:
+        ops += [OpPrecision(pattern=p, rel=TF32_U, where="inputs", reason="TF32 matmul")
+                for p in MATMUL_OPS if "conv" not in p]
+    if torch.backends.cudnn.allow_tf32:
+        ops += [OpPrecision(pattern=p, rel=TF32_U, where="inputs", reason="TF32 convolution")
+                for p in MATMUL_OPS if "conv" in p]
+    if torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction:
+        ops.append(OpPrecision(pattern="aten::*mm", rel=BF16_U, where="outputs",
+                               reason="reduced-precision bf16 reductions"))
+    return PrecisionModel(name="cuda", ops=tuple(ops), source="torch.backends.cuda / cudnn switches")
+
+
+def model_for(target) -> PrecisionModel:
+    """The precision model of a resolved target (conformance.target.Target); the file in
+    NEURON_VALIDATE_PRECISION_MODEL replaces it."""
+    path = os.environ.get(PRECISION_MODEL_ENV)
+    if path:
+        return load_model(path)
+    kind = getattr(target, "kind", "")
+    if kind in ("neuron-emulated", "neuron"):
+        from emulator.profiles import resolve_profile
+
+        return model_from_profile(resolve_profile())
+    if kind == "cuda":
+        return cuda_model()
+    return EXACT
+
+
+# ---------------------------------------------------------------- perturbed reference runs
+@dataclass
+class PerturbMode:
+    """A dispatch mode that perturbs, at random, the inputs or outputs of the ops a model names.
+
+    Each floating value x becomes x * (1 + rel * r) + abs * s, r and s in
+    [-1, 1] drawn by :func:`value_noise`: pseudo-random, but a function of x
+    and the run's ``seed``, as a device's rounding and tables are functions of
+    their input. (Noise drawn independently per element would break the
+    symmetry of equal values, which a batch norm over two identical features
+    then amplifies a million-fold, as no real device does.) Integer outputs
+    of ops computed in floating point are rounded through float32 when they
+    exceed 2^24. Used as a context manager around a reference run.
+    """
+
+    model: PrecisionModel
+    seed: int
+    met: dict = field(default_factory=dict)  # reasons of the entries that perturbed something, in order
+    _mode: Any = field(default=None, repr=False)
+
+    def __enter__(self):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves, tree_map
+
+        seed = self.seed
+        model = self.model
+        met = self.met
+
+        def perturb(entry: OpPrecision):
+            def one(t):
+                if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.numel() == 0:
+                    return t
+                if t.is_floating_point():
+                    x = t.detach().double()
+                    out = x * (1 + entry.rel * value_noise(x, seed))
+                    if entry.abs:
+                        out = out + entry.abs * value_noise(x, seed + 1)
+                    return out.to(t.dtype)
+                if not t.is_complex() and t.dtype != torch.bool and entry.where == "outputs":
+                    wide = t.to(torch.int64)
+                    big = wide.abs() > 2**24
+                    if bool(big.any()):
+                        return torch.where(big, wide.to(torch.float32).to(torch.int64), wide).to(t.dtype)
+                return t
+
+            return one
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+                floating = not tensors or any(t.is_floating_point() or t.is_complex() for t in tensors)
+                entry = model.for_op(func._schema.name, floating)
+                if entry is None or func._schema.is_mutable or func._schema.name in ("aten::copy_", "aten::_to_copy"):
+                    return func(*args, **kwargs)
+                met[entry.reason or entry.pattern] = None
+                if entry.where == "inputs":
+                    args, kwargs = tree_map(perturb(entry), (args, kwargs))
+                    return func(*args, **kwargs)
+                return tree_map(perturb(entry), func(*args, **kwargs))
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+
+
+class Runs(list):
+    """Perturbed runs, with the model's reasons that applied to them (the ops they met)."""
+
+    reasons: tuple[str, ...] = ()
+
+
+_MIX1 = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64 (multiplication wraps)
+_MIX2 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_MIX3 = -7723592293110705685  # 0x94D049BB133111EB
+
+
+def value_noise(x, seed: int):
+    """Uniform-looking values in [-1, 1), one per element of ``x`` (float64), a function of its value and
+    ``seed`` only (splitmix64 of the value's bits)."""
+    import torch
+
+    h = x.contiguous().view(torch.int64) ^ ((seed * 0x2545F491) & 0x7FFFFFFFFFFF)
+    h = h * _MIX1
+    h = (h ^ ((h >> 30) & 0x3FFFFFFFF)) * _MIX2
+    h = (h ^ ((h >> 27) & 0x1FFFFFFFFF)) * _MIX3
+    h = h ^ ((h >> 31) & 0x1FFFFFFFF)
+    return (h & ((1 << 53) - 1)).double() / 2.0**52 - 1.0
+
+
+def perturbed_runs(run: Callable[[], Any], model: PrecisionModel, *, runs: int = RUNS, seed: int = 0) -> Runs:
+    """``run()`` (a reference run) ``runs`` times under :class:`PerturbMode`; failed runs are left out."""
+    out, met = Runs(), {}
+    for k in range(runs):
+        try:
+            with PerturbMode(model=model, seed=seed * 1_000_003 + k) as mode:
+                out.append(run())
+            met.update(dict.fromkeys(mode.met))
+        except Exception:  # noqa: BLE001 - a perturbation that breaks the run tells nothing about the target
+            continue
+    out.reasons = tuple(met)
+    return out
+
+
+# ---------------------------------------------------------------- the noise-floor verdict
+@dataclass(slots=True, kw_only=True)
+class NoiseFloor:
+    """How the target's deviation from the reference compares with the reference's own spread."""
+
+    within: bool  # every value that could be judged within SPREAD_MULTIPLE x the spread
+    inconclusive: bool  # some tensor's spread leaves no significant bit: it cannot be judged
+    bits_kept: float  # significant bits of the target against the reference (worst tensor)
+    bits_expected: float  # significant bits the perturbed runs keep (worst tensor)
+    condition: float  # relative spread / unit roundoff: how much the computation amplifies rounding
+    worst: str = ""  # the path of the tensor that decided
+    runs: int = 0
+    reasons: str = ""  # the model's reasons that the perturbed runs met (the ops they perturbed)
+
+    def describe(self, model: PrecisionModel) -> str:
+        reasons = self.reasons or model.summary
+        if self.inconclusive and self.within:
+            return (f"inconclusive: the reference itself keeps {max(self.bits_expected, 0):.0f} significant bits "
+                    f"under the device's precision ({reasons}); condition estimate {self.condition:.3g} at "
+                    f"{self.worst}")
+        word = "within" if self.within else "beyond"
+        return (f"{word} device precision ({reasons}): {max(self.bits_kept, 0):.0f} of "
+                f"{self.bits_expected:.0f} expected bits agree at {self.worst} ({self.runs} perturbed reference runs)")
+
+    def to_dict(self) -> dict:
+        return {"within": self.within, "inconclusive": self.inconclusive, "bits_kept": round(self.bits_kept, 2),
+                "bits_expected": round(self.bits_expected, 2), "condition": self.condition, "worst": self.worst,
+                "runs": self.runs}
+
+
+def _bits(relative: float) -> float:
+    return 53.0 if relative <= 0 else -math.log2(relative)
+
+
+def noise_floor(actual: Any, expected: Any, runs: list, model: PrecisionModel, *, path: str = "output"
+                ) -> NoiseFloor | None:
+    """The noise-floor verdict, or None when it cannot be formed (no runs, or outputs of another structure)."""
+    import torch
+    from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path
+
+    if not runs:
+        return None
+    a_leaves, a_spec = tree_flatten(actual)
+    keyed, e_spec = tree_flatten_with_path(expected)
+    e_leaves = [leaf for _, leaf in keyed]
+    names = [path + keystr(key) for key, _ in keyed]
+    run_leaves = []
+    for r in runs:
+        leaves, spec = tree_flatten(r)
+        if spec != e_spec or len(leaves) != len(e_leaves):
+            return None
+        run_leaves.append(leaves)
+    if a_spec != e_spec:
+        return None
+    unit = min((e.rel for e in model.ops if e.rel > 0), default=FP32_U)
+    result = NoiseFloor(within=True, inconclusive=False, bits_kept=53.0, bits_expected=53.0, condition=1.0,
+                        runs=len(runs), reasons=", ".join(getattr(runs, "reasons", ())))
+    worst_margin = None
+    for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):
+        if not isinstance(e, torch.Tensor) or not isinstance(a, torch.Tensor) or e.layout != torch.strided:
+            continue
+        if e.dtype == torch.bool or a.shape != e.shape or e.numel() == 0:
+            continue
+        ev = e.detach().cpu().resolve_conj().to(torch.complex128 if e.is_complex() else torch.float64)
+        av = a.detach().cpu().resolve_conj().to(ev.dtype)
+        finite = torch.isfinite(ev) & torch.isfinite(av)
+        if not bool((torch.isfinite(ev) == torch.isfinite(av)).all()):
+            result.within = False  # infinities or NaN where the other has a number: not a matter of precision
+            result.worst = names[i]
+            continue
+        spreads = []
+        for leaves in run_leaves:
+            r = leaves[i]
+            if not isinstance(r, torch.Tensor) or r.shape != e.shape:
+                return None
+            rv = r.detach().cpu().resolve_conj().to(ev.dtype)
+            spreads.append(torch.where(finite & torch.isfinite(rv), (rv - ev).abs(), torch.zeros((), dtype=torch.float64)))
+        spread = torch.stack(spreads).amax(0) if spreads else torch.zeros(e.shape, dtype=torch.float64)
+        dev = torch.where(finite, (av - ev).abs(), torch.zeros((), dtype=torch.float64))
+        scale = float(ev[finite].abs().pow(2).mean().sqrt()) if bool(finite.any()) else 0.0
+        spread_rms = float(spread.pow(2).mean().sqrt())
+        dev_rms = float(dev.pow(2).mean().sqrt())
+        allowed = torch.clamp(spread, min=SPREAD_FLOOR * spread_rms)
+        over = dev > SPREAD_MULTIPLE * allowed + 1e-300
+        far = dev > OUTLIER_MULTIPLE * allowed + 1e-300
+        rel_spread = spread_rms / scale if scale > 0 else 0.0
+        rel_dev = dev_rms / scale if scale > 0 else 0.0
+        where = names[i]
+        if rel_spread >= INCONCLUSIVE_RELATIVE_SPREAD:
+            if not result.inconclusive or rel_spread / unit > result.condition:
+                result.condition = rel_spread / unit
+                if result.within:
+                    result.bits_expected, result.worst = _bits(rel_spread), where
+            result.inconclusive = True
+            continue
+        failing = bool(far.any()) or float(over.double().mean()) > OUTLIER_SHARE
+        margin = _bits(rel_dev) - (1000.0 if failing else 0.0)  # the least accurate tensor, a failing one first
+        if failing:
+            result.within = False
+        if (worst_margin is None or margin < worst_margin) and (not result.inconclusive or failing):
+            worst_margin = margin
+            result.bits_kept, result.bits_expected = _bits(rel_dev), _bits(rel_spread)
+            result.worst = where
+    return result
