@@ -13,10 +13,18 @@ architecture at least once):
      loop in one process (build, train on the reference, train on the
      target; no comparison, no subprocess, no store).
 
-Goal: a CI subset of at least 2,000 configurations within 15 minutes with
--j 2, peak RSS under 4 GiB per worker.
+  4. ``--noise-floor N``: the base configurations of N timm architectures
+     under the default profile (neuron-2.27), judged twice with one worker:
+     without a precision model (the golden rule and the determinism rerun
+     alone) and with the noise floor; the verdicts per family (pass, within
+     precision, mismatch, inconclusive) and the time per case, both ways.
+
+Goals: a CI subset of at least 2,000 configurations within 15 minutes with
+-j 2, peak RSS under 4 GiB per worker; a case with the noise floor at most
+2x the time of a plain case.
 
     python bench/model_zoo.py [--sample 2000] [--limit 200] [-j 2] [--overhead-configs 20] [--profile exact]
+    python bench/model_zoo.py --noise-floor 45 [--noise-profile neuron-2.27]
 """
 
 from __future__ import annotations
@@ -115,6 +123,59 @@ def raw_loop(configs: list) -> tuple[float, int]:
     return time.perf_counter() - start, done
 
 
+def judged(configs: list, results: str, build: str) -> list[tuple]:
+    """(title, status, message, seconds) per configuration, one worker."""
+    from model_zoo.execute import model_case
+    from conformance.settings import RunSettings, default_threads
+    from runner.reporters import OnOutcome, StoreWriter
+    from runner.suite import run_suite
+    from results.store import ResultStore
+
+    rows: list[tuple] = []
+    settings = RunSettings(target="neuron", timeout_s=900.0, artifacts_dir=os.path.join(results, "artifacts"),
+                           threads=default_threads(1))
+    with ResultStore.open(results) as store:
+        run_suite([model_case(c) for c in configs], settings=settings, build_id=build, manifest={}, jobs=1,
+                  target_label="neuron", plugins=[StoreWriter(store), OnOutcome(
+                      lambda case, o: rows.append((case.title, o.status.value, o.message, o.duration_s)))])
+    return rows
+
+
+def noise_floor_cost(n: int, profile: str, tmp: str) -> None:
+    import json
+
+    import model_zoo
+    from report.coverage import WITHIN_PRECISION
+
+    os.environ["NEURON_VALIDATE_EMULATOR_PROFILE"] = profile
+    base = model_zoo.base_configs(families=["timm"])
+    configs = stratified_part(base, n)
+    empty = Path(tmp) / "no_precision_model.json"
+    empty.write_text(json.dumps({"name": "none", "ops": []}))
+    os.environ["NEURON_VALIDATE_PRECISION_MODEL"] = str(empty)
+    plain = {r[0]: r for r in judged(configs, os.path.join(tmp, "plain"), "plain")}
+    del os.environ["NEURON_VALIDATE_PRECISION_MODEL"]
+    floor = {r[0]: r for r in judged(configs, os.path.join(tmp, "floor"), "floor")}
+
+    def verdict(row):
+        return "within precision" if row[1] == "pass" and WITHIN_PRECISION in row[2] else row[1]
+
+    print(f"\n4. noise floor on the base configurations of {len(configs)} timm architectures, profile {profile}, -j 1")
+    for name, rows in (("without the noise floor", plain), ("with the noise floor", floor)):
+        counts: dict[str, int] = {}
+        for r in rows.values():
+            counts[verdict(r)] = counts.get(verdict(r), 0) + 1
+        print(f"   {name}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    formed = [t for t in floor if "device precision" in floor[t][2] or floor[t][1] == "inconclusive"]
+    if formed:
+        ratio = sum(floor[t][3] for t in formed) / sum(plain[t][3] for t in formed)
+        print(f"   time of the {len(formed)} cases that formed a noise floor: {ratio:.2f}x the same cases without it "
+              f"(goal <= 2x); all cases: {sum(r[3] for r in floor.values()) / sum(r[3] for r in plain.values()):.2f}x")
+    for t in sorted(floor):
+        if verdict(floor[t]) != "pass":
+            print(f"     {verdict(plain[t]):<16} -> {verdict(floor[t]):<16} {t}: {floor[t][2][:140]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=2000, help="size of the stratified CI subset")
@@ -125,7 +186,14 @@ def main() -> None:
     parser.add_argument("--overhead-configs", type=int, default=20, help="configs timed raw vs harness (0: skip)")
     parser.add_argument("--profile", default="exact")
     parser.add_argument("--rss-limit-mb", type=int, default=4096)
+    parser.add_argument("--noise-floor", type=int, default=0, metavar="N",
+                        help="only the noise-floor figures, on N timm architectures")
+    parser.add_argument("--noise-profile", default="neuron-2.27")
     args = parser.parse_args()
+    if args.noise_floor:
+        with tempfile.TemporaryDirectory(prefix="bench_noise_") as tmp:
+            noise_floor_cost(args.noise_floor, args.noise_profile, tmp)
+        return
 
     os.environ["NEURON_VALIDATE_EMULATOR_PROFILE"] = args.profile
     import model_zoo

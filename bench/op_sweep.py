@@ -176,6 +176,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--loop-cases", type=int, default=300, help="cases measured by the in-process loops")
     parser.add_argument("--overhead-only", action="store_true", help="only the overhead and test_compare_cpu figures")
+    parser.add_argument("--no-overhead", action="store_true", help="leave out the overhead and test_compare_cpu figures")
     parser.add_argument("--keep", default=None, metavar="DIR",
                         help="keep the results store here (builds 'cold' and 'warm') instead of a temporary folder")
     args = parser.parse_args()
@@ -213,7 +214,8 @@ def main() -> None:
         print(f"rerun with a warm reference cache: {warm:.1f} s ({cached} of {warm_summary.total} cases from cache); "
               f"speedup {cold / warm:.2f}x (goal >= 1.8x)")
         report_verdicts(results)
-        overhead(cases, args, results, cold_per_case=per_case_harness)
+        if not args.no_overhead:
+            overhead(cases, args, results, cold_per_case=per_case_harness)
     finally:
         if not args.keep:
             shutil.rmtree(results, ignore_errors=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 import sys
 import traceback
 from typing import Callable
@@ -39,6 +40,9 @@ def add_target_options(parser: argparse.ArgumentParser, *, default_target: str =
     g.add_argument("--emulator-profile", default=None, metavar="NAME",
                    help="numerics profile of the emulated neuron device: a built-in name, NAME:key=value,... or a JSON file "
                         "(default: $NEURON_VALIDATE_EMULATOR_PROFILE or neuron-2.27)")
+    g.add_argument("--precision-model", default=None, metavar="FILE",
+                   help="JSON precision model of the target (which ops it computes at lower precision, and how much), "
+                        "replacing the one derived from the target (default: $NEURON_VALIDATE_PRECISION_MODEL)")
     parser.add_argument("--verbose", action="store_true", help="show tracebacks")
 
 
@@ -57,6 +61,15 @@ def apply_environment(args) -> None:
             resolve_profile(os.environ[PROFILE_ENV])
         except ProfileError as exc:
             raise UsageError(f"${PROFILE_ENV}: {exc}") from None
+    from diff.precision import PRECISION_MODEL_ENV, PrecisionModelError, load_model
+
+    path = getattr(args, "precision_model", None) or os.environ.get(PRECISION_MODEL_ENV)
+    if path:
+        try:
+            load_model(path)
+        except PrecisionModelError as exc:
+            raise UsageError(str(exc)) from None
+        os.environ[PRECISION_MODEL_ENV] = str(Path(path).resolve())
     from conformance.target import apply_strict_neuronx_env
 
     apply_strict_neuronx_env()  # before any import of torch_neuronx, in this process and its children

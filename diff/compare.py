@@ -30,7 +30,8 @@ import torch
 from .metrics import INT_VIEW, rmse, tensor_metrics, ulp_distance
 from .tolerances import SMALL_TENSOR, Tolerance, default_tolerance
 
-RULES = ("values", "distribution", "metadata")
+RULES = ("values", "distribution", "distribution_channels", "metadata")
+CONSTANT_MIN_ELEMENTS = 8  # a reference this large and constant is a degenerate distribution; a 0-d draw is not
 KS_C_ALPHA = 2.69  # two-sample Kolmogorov-Smirnov critical constant for alpha = 1e-6
 KS_MIN_ELEMENTS = 32
 
@@ -221,7 +222,7 @@ class _Walker:
             return True
         a, e = _plain(actual), _plain(expected)
         g = _plain(golden) if isinstance(golden, torch.Tensor) and golden.shape == expected.shape else None
-        if self.rule == "distribution":
+        if self.rule.startswith("distribution"):
             self._distribution(a, e, path)
             return True
         if a.is_complex():
@@ -339,9 +340,12 @@ class _Walker:
             return
         af, ef = af[~torch.isnan(af)], ef[~torch.isnan(ef)]
         n, m = af.numel(), ef.numel()
+        if self.rule == "distribution_channels" and a.dim() >= 2:
+            # One random decision per (sample, channel): the elements of a channel are not independent draws.
+            n = m = min(n, m, a.shape[0] * a.shape[1])
         if n < KS_MIN_ELEMENTS or m < KS_MIN_ELEMENTS:
-            lo, hi = (float(ef.min()), float(ef.max())) if m else (0.0, 0.0)
-            if n and m and lo == hi and not bool((af == lo).all()):
+            lo, hi = (float(ef.min()), float(ef.max())) if ef.numel() else (0.0, 0.0)
+            if ef.numel() >= CONSTANT_MIN_ELEMENTS and af.numel() and lo == hi and not bool((af == lo).all()):
                 self.fail(path, "distribution", f"reference is constant {lo:g}, target is not")
             return
         d = _ks_statistic(af, ef)

@@ -68,7 +68,8 @@ def _compare_rule(op_key: str) -> OpRule:
     data = _rules()
     for entry in data["distribution"]:
         if fnmatch.fnmatchcase(op_key, entry["pattern"]):
-            return OpRule(compare="distribution", reason=entry["reason"])
+            rule = "distribution_channels" if entry.get("draws") == "channels" else "distribution"
+            return OpRule(compare=rule, reason=entry["reason"])
     for entry in data["metadata"]:
         if fnmatch.fnmatchcase(op_key, entry["pattern"]):
             return OpRule(compare="metadata", reason=entry["reason"])

@@ -154,12 +154,42 @@ def model_families(rows: Iterable) -> list[FamilyCoverage]:
     return [FamilyCoverage(family=f or "-", architectures=a) for f, a in families.items()]
 
 
+WITHIN_PRECISION = "within device precision"  # how a pass that needed the noise floor says so (diff.precision)
+VERDICTS = ("pass", "within precision", "mismatch", "inconclusive", "other failures")
+
+
+def verdict_of(row) -> str | None:
+    """pass | within precision | mismatch | inconclusive | other failures; None for a skip."""
+    if row.status is Status.PASS:
+        return "within precision" if WITHIN_PRECISION in (row.message or "") else "pass"
+    if row.status is Status.MISMATCH:
+        return "mismatch"
+    if row.status is Status.INCONCLUSIVE:
+        return "inconclusive"
+    return "other failures" if row.status in FAILING else None
+
+
+def verdicts_by_family(rows: Iterable) -> dict[str, dict[str, int]]:
+    """Per family (``ops`` for op cases, the model family for zoo cases): cases per verdict. Under a
+    profile with reduced precision this separates differences the precision model explains from faults."""
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        verdict = verdict_of(r)
+        if verdict is None or r.kind not in ("op", "model"):
+            continue
+        family = "ops" if r.kind == "op" else (r.family or "-")
+        counts = out.setdefault(family, {v: 0 for v in VERDICTS})
+        counts[verdict] += 1
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] != "ops", kv[0])))
+
+
 @dataclass(slots=True, kw_only=True)
 class Headline:
     ops: Rate
     op_cases: Rate
     families: list[FamilyCoverage]
     counts: dict[str, int]
+    verdicts: dict[str, dict[str, int]] = field(default_factory=dict)  # family -> verdict -> cases
 
     @property
     def total(self) -> int:
@@ -174,4 +204,5 @@ def headline(rows: list) -> Headline:
         op_cases=Rate(passed=sum(r.status is Status.PASS for r in judged), total=len(judged)),
         families=model_families(rows),
         counts=dict(Counter(r.status.value for r in rows)),
+        verdicts=verdicts_by_family(rows),
     )

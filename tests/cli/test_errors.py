@@ -20,6 +20,7 @@ from tests.conftest import run_cli
     (["--shard", "3/2"], "--shard '3/2'"),
     (["-j", "0"], "must be at least 1"),
     (["--families", "sizes,tiles"], "unknown input family 'tiles'"),
+    (["--precision-model", "/no/such/model.json"], "precision model file not found"),
 ])
 def test_one_line_errors(tmp_path, args, needle):
     result = run_cli("neuron-conformance", "ops", "--results", str(tmp_path / "r"), *args, timeout=300)

@@ -1,0 +1,150 @@
+"""Precision-aware verdicts: a device's documented precision is not a bug, and a fault still is.
+
+The noise floor comes from the CPU reference run again with the ops the
+precision model names perturbed at its unit roundoff; the target passes within
+a multiple of that spread, is ``inconclusive`` where the reference itself keeps
+no significant bit, and is a ``mismatch`` beyond.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conformance.outcome import Status
+from diff.compare import compare
+from diff.judge import Judge
+from diff.precision import (EXACT, OpPrecision, PrecisionModel, PrecisionModelError, load_model, model_from_profile,
+                            perturbed_runs)
+from diff.tolerances import Tolerance
+from emulator.profiles import resolve_profile
+from tests.conftest import run_cli
+
+FP32 = Tolerance(rtol=1.3e-6, atol=1e-5)
+
+
+def test_models_follow_the_profile():
+    assert not model_from_profile(resolve_profile("exact"))
+    default = model_from_profile(resolve_profile("neuron-2.27"))
+    assert default.for_op("aten::tanh").reason == "activation tables"
+    assert default.for_op("aten::mm") is None, "float matmuls are exact under --auto-cast none"
+    assert default.for_op("aten::mm", floating=False).reason == "integer matmul in fp32"
+    bf16 = model_from_profile(resolve_profile("matmult-bf16"))
+    assert bf16.for_op("aten::mm").where == "inputs" and bf16.for_op("aten::tanh") is None
+
+
+def test_a_json_file_replaces_the_model_and_bad_files_say_why(tmp_path):
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({"name": "mine", "ops": [{"pattern": "aten::exp", "rel": 0.001, "reason": "tables"}]}))
+    model = load_model(path)
+    assert model.name == "mine" and model.for_op("aten::exp").rel == 0.001
+    assert model.to_dict()["ops"][0]["pattern"] == "aten::exp"
+    path.write_text("{not json")
+    with pytest.raises(PrecisionModelError, match="not valid JSON"):
+        load_model(path)
+    path.write_text(json.dumps({"ops": [{"pattern": "aten::exp", "rel": 2.0}]}))
+    with pytest.raises(PrecisionModelError, match="rel"):
+        load_model(path)
+
+
+def _tanh_chain(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(torch.tanh(x) * 3) * 2
+
+
+TABLES = PrecisionModel(name="tables", ops=(OpPrecision(pattern="aten::tanh", rel=2.0**-14, abs=2.0**-14,
+                                                         reason="activation tables"),))
+
+
+def test_a_difference_the_precision_explains_passes_and_a_fault_does_not():
+    x = torch.linspace(-3, 3, 401)
+    expected = _tanh_chain(x)
+    device_like = expected + 2.0**-15 * torch.sin(x * 37)  # table-sized errors
+    judge = Judge(tolerance=FP32, precision=TABLES)
+    verdict = judge(device_like, expected, noise=lambda: perturbed_runs(lambda: _tanh_chain(x), TABLES))
+    assert verdict and verdict.within_precision, verdict.message
+    assert "within device precision (activation tables)" in verdict.message and "expected bits agree" in verdict.message
+
+    faulty = expected * 1.01  # a 1% fault
+    verdict = judge(faulty, expected, noise=lambda: perturbed_runs(lambda: _tanh_chain(x), TABLES))
+    assert verdict.status is Status.MISMATCH and "beyond device precision" in verdict.message
+
+    few = expected.clone()
+    few[200] += 0.05  # a fault in one element out of 401
+    verdict = judge(few, expected, noise=lambda: perturbed_runs(lambda: _tanh_chain(x), TABLES))
+    assert verdict.status is Status.MISMATCH
+
+
+def test_an_ill_conditioned_computation_is_inconclusive_with_its_condition_estimate():
+    model = PrecisionModel(name="bf16 adds", ops=(OpPrecision(pattern="aten::add*", rel=2.0**-8, reason="bf16"),))
+    x = torch.full((64,), 1.0e4, dtype=torch.float64)
+
+    def cancel():  # (x + 1) - x: catastrophic cancellation; at bf16 nothing of the 1 survives
+        return torch.add(x, 1.0) - x
+
+    expected = cancel()
+    verdict = Judge(tolerance=FP32, precision=model)(expected * 0.5, expected,
+                                                     noise=lambda: perturbed_runs(cancel, model))
+    assert verdict.status is Status.INCONCLUSIVE and not verdict, "never a pass"
+    assert "condition estimate" in verdict.message and "significant bits" in verdict.message
+
+
+def test_without_a_precision_model_nothing_changes():
+    expected = torch.ones(10)
+    judge = Judge(tolerance=FP32, precision=EXACT)
+    called = []
+    verdict = judge(expected * 1.001, expected, noise=lambda: called.append(1) or [])
+    assert verdict.status is Status.MISMATCH and not called and verdict.noise is None
+
+
+def test_random_ops_with_tiny_outputs_are_not_failed_for_a_different_draw():
+    assert compare(torch.tensor(3), torch.tensor(2), rule="distribution")
+    assert compare(torch.tensor([1, 4]), torch.tensor([2, 2]), rule="distribution")
+    assert not compare(torch.arange(8.0), torch.full((8,), 2.0), rule="distribution"), "constant over 8 draws"
+
+
+def test_channel_dropout_is_judged_per_channel():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 4, 4)
+    a = torch.nn.functional.dropout3d(x, 0.5, training=True)
+    torch.manual_seed(7)
+    b = torch.nn.functional.dropout3d(x, 0.5, training=True)
+    assert compare(a, b, rule="distribution_channels")
+
+
+def _run_mm(tmp_path, faults: str = ""):
+    jsonl = tmp_path / "out.jsonl"
+    result = run_cli("neuron-conformance", "ops", "--ops", "mm", "--dtypes", "float32", "--families", "none",
+                     "--hypothesis-examples", "0", "--emulator-profile", "matmult-bf16", "--results",
+                     str(tmp_path / "r"), "--jsonl", str(jsonl), "-j", "1",
+                     env={"NEURON_VALIDATE_FAULTS": faults} if faults else None)
+    assert result.returncode in (0, 1), result.stderr[-2000:]
+    return {json.loads(line)["case"]["mode"]: json.loads(line)["outcome"] for line in jsonl.read_text().splitlines()}
+
+
+def test_matmul_under_bf16_operands_is_within_precision_and_a_10x_fault_is_not(tmp_path):
+    clean = _run_mm(tmp_path / "clean")
+    for mode, outcome in clean.items():
+        assert outcome["status"] == "pass", (mode, outcome["message"])
+        assert "within device precision (bf16 matmul operands)" in outcome["message"], outcome["message"]
+        assert outcome["evidence"]["precision_model"]["name"] == "neuron profile matmult-bf16"
+    faulty = _run_mm(tmp_path / "faulty", "perturb@aten::mm,rel=0.16")  # 10x bf16's rtol of 1.6e-2
+    assert faulty["forward"]["status"] == "mismatch", faulty["forward"]["message"]
+    assert "beyond device precision" in faulty["forward"]["message"]
+
+
+def test_headlines_separate_within_precision_from_pass_mismatch_and_inconclusive():
+    from types import SimpleNamespace as Row
+
+    from report.coverage import verdicts_by_family
+
+    rows = [Row(kind="op", family="", status=Status.PASS, message="3 / 3 samples match"),
+            Row(kind="op", family="", status=Status.PASS, message="3 / 3 samples match; 1 of them within device "
+                                                                  "precision (bf16 matmul operands): 9 of 8 ..."),
+            Row(kind="model", family="timm", status=Status.INCONCLUSIVE, message="inconclusive: ..."),
+            Row(kind="model", family="timm", status=Status.MISMATCH, message="beyond device precision"),
+            Row(kind="model", family="timm", status=Status.SKIP, message="")]
+    table = verdicts_by_family(rows)
+    assert table["ops"]["pass"] == 1 and table["ops"]["within precision"] == 1
+    assert table["timm"]["inconclusive"] == 1 and table["timm"]["mismatch"] == 1 and table["timm"]["pass"] == 0
