@@ -61,15 +61,6 @@ def apply_environment(args) -> None:
             resolve_profile(os.environ[PROFILE_ENV])
         except ProfileError as exc:
             raise UsageError(f"${PROFILE_ENV}: {exc}") from None
-    from diff.precision import PRECISION_MODEL_ENV, PrecisionModelError, load_model
-
-    path = getattr(args, "precision_model", None) or os.environ.get(PRECISION_MODEL_ENV)
-    if path:
-        try:
-            load_model(path)
-        except PrecisionModelError as exc:
-            raise UsageError(str(exc)) from None
-        os.environ[PRECISION_MODEL_ENV] = str(Path(path).resolve())
     from conformance.target import apply_strict_neuronx_env
 
     apply_strict_neuronx_env()  # before any import of torch_neuronx, in this process and its children
@@ -86,6 +77,15 @@ def apply_environment(args) -> None:
             parse_faults(faults)
         except FaultSpecError as exc:
             raise UsageError(f"$NEURON_VALIDATE_FAULTS: {exc}") from None
+    from diff.precision import PRECISION_MODEL_ENV, PrecisionModelError, load_model
+
+    path = getattr(args, "precision_model", None) or os.environ.get(PRECISION_MODEL_ENV)
+    if path:
+        try:
+            load_model(path)
+        except PrecisionModelError as exc:
+            raise UsageError(str(exc)) from None
+        os.environ[PRECISION_MODEL_ENV] = str(Path(path).resolve())
 
 
 def resolve_targets(args):

@@ -35,7 +35,10 @@ MOVEMENT = frozenset({
     "aten::lift_fresh", "aten::_has_compatible_shallow_copy_type", *COPIES,
 })
 # Ops whose result is a host value: a device-to-host read inside them is what they are for.
-SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal"})
+# Ops that read a value to the host by design, on every backend (linalg's error check reads the info tensor
+# to raise): a copy inside them is a scalar read, not computing on the host.
+SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal",
+                          "aten::_linalg_check_errors"})
 
 
 @dataclass(slots=True)

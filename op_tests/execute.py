@@ -354,7 +354,8 @@ def judge_sample(i, op, rule, sample, parts, ref: SideResult, tgt: SideResult, *
                              message=verdict.message if verdict.within_precision else "")
     if verdict.status is Status.MISMATCH and _has_views(parts) and not sample_variant(sample):
         contiguous = run_op(op, rule, sample, to_device(parts, "cpu"), backward=backward, device="cpu", seed=seed)
-        if contiguous.error is None and not judge(contiguous.value, ref.value):
+        same = Judge(tolerance=judge.tolerance, rule=judge.rule)  # both on the CPU: no device to check
+        if contiguous.error is None and not same(contiguous.value, ref.value):
             # The CPU's own answer changes with the layout of the same values: it is no reference here.
             return SampleVerdict(index=i, status=Status.SKIP,
                                  message="the CPU reference gives another result for the same values stored "
@@ -527,5 +528,10 @@ def probe_op_reference(case: Case, ctx) -> None:
                  device="cpu", seed=case.seed * 100_003 + i)
 
 
-EXECUTOR = Executor(kind="op", execute=execute_op_case, probe_reference=probe_op_reference, write_repro=write_repro,
-                    warmup=op_db)
+def write_op_repro(case: Case, outcome: Outcome, ctx) -> str | None:
+    """The reproducer (repro.py), its failing sample shrunk by running candidates as the case ran them."""
+    return write_repro(case, outcome, ctx, check=check_sample)
+
+
+EXECUTOR = Executor(kind="op", execute=execute_op_case, probe_reference=probe_op_reference,
+                    write_repro=write_op_repro, warmup=op_db)

@@ -186,7 +186,9 @@ if __name__ == "__main__":
 '''
 
 
-def write_repro(case: Case, outcome: Outcome, ctx) -> str | None:
+def write_repro(case: Case, outcome: Outcome, ctx, *, check=None) -> str | None:
+    """Writes the reproducer; ``check(op, case, sample, index, target)`` judges a shrunk candidate (None: the
+    failing sample is saved as it is)."""
     op = get_op(f"{case.name}.{case.family}" if case.family else case.name)
     samples = generate_samples(op, case)
     budget = int(getattr(ctx.settings, "repro_max_bytes", DEFAULT_MAX_BYTES))
@@ -195,7 +197,7 @@ def write_repro(case: Case, outcome: Outcome, ctx) -> str | None:
     note = ""
     if failing and outcome.status in JUDGED:
         chosen = min(failing, key=lambda i: (_input_bytes(samples[i]), i))
-        saved_sample, shrunk = _shrunk(op, case, samples[chosen], chosen, outcome.status, ctx)
+        saved_sample, shrunk = _shrunk(op, case, samples[chosen], chosen, outcome.status, ctx, check)
         saved = [_record(saved_sample, chosen, case, keep, shrunk)]
         payload = serialize.pack(saved)
         if len(payload) > budget:
@@ -249,14 +251,13 @@ def _input_bytes(sample) -> int:
     return input_bytes(sample)
 
 
-def _shrunk(op, case: Case, sample, index: int, status: Status, ctx):
-    """The sample shrunk while it fails with ``status``; the sample as it was when shrinking is off or fails."""
-    from .execute import check_sample
+def _shrunk(op, case: Case, sample, index: int, status: Status, ctx, check):
+    """The sample shrunk while it fails with ``status``; the sample as it was when shrinking is off."""
     from .shrink import shrink
 
-    if not getattr(ctx.settings, "shrink", True):
+    if check is None or not getattr(ctx.settings, "shrink", True):
         return sample, ""
-    result = shrink(sample, lambda candidate: check_sample(op, case, candidate, index, ctx.target).status is status)
+    result = shrink(sample, lambda candidate: check(op, case, candidate, index, ctx.target).status is status)
     return result.sample, result.describe()
 
 

@@ -161,7 +161,7 @@ VERDICTS = ("pass", "within precision", "mismatch", "inconclusive", "other failu
 def verdict_of(row) -> str | None:
     """pass | within precision | mismatch | inconclusive | other failures; None for a skip."""
     if row.status is Status.PASS:
-        return "within precision" if WITHIN_PRECISION in (row.message or "") else "pass"
+        return "within precision" if WITHIN_PRECISION in (getattr(row, "message", "") or "") else "pass"
     if row.status is Status.MISMATCH:
         return "mismatch"
     if row.status is Status.INCONCLUSIVE:

@@ -25,6 +25,7 @@ import torch
 from .templates import has_empty, keep_grad, make_sample, map_tensors, numel, parts_of, primary, runs_on_cpu, templates
 
 TILE_SIZES = (1, 127, 128, 129, 255, 256, 257, 511, 512, 513, 2047, 2048, 2049)
+LEADING_SIZES = (1, 127, 128, 129, 256, 257, 2049)  # the leading dimension: the partition boundary and a long one
 LONG_SIZES = (65536, 65537)
 MAX_NUMEL = 2**19  # elements of one sample (all its tensors), inputs and outputs each
 MAX_NUMEL_LONG = 2**20
@@ -160,7 +161,8 @@ def make_samples(op, case) -> list:
             if coupling is None:
                 continue
             long_ok = dim != 0 or rank == 1 or dim == _dim_argument(template, rank)
-            for new in TILE_SIZES + (LONG_SIZES if long_ok else ()):
+            sizes = TILE_SIZES if dim != 0 or rank == 1 or dim == _dim_argument(template, rank) else LEADING_SIZES
+            for new in sizes + (LONG_SIZES if long_ok else ()):
                 candidate = resized(parts, dim, new, coupling, case.seed)
                 if not _affordable(op, candidate, new):
                     continue

@@ -225,3 +225,25 @@ def test_dashboard_leads_with_the_groups_and_stays_small(buggy_run):
     assert len(links) == len(EXPECTED_GROUPS) + 1 and all((out / link).is_file() for link in links)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     assert size <= 5 * 2**20, size
+
+
+def test_the_gate_shows_one_group_per_root_cause(tmp_path):
+    """Two bugs, each failing several cases across dtypes, directions and families: two groups."""
+    results = tmp_path / "results"
+    common = ("--ops", "exp,softmax", "--dtypes", "float32,float16", "--backend-module",
+              "tests.fixtures.accelerator_bugs", "--results", str(results), "-j", "2")
+    env = {"PYTHONPATH": REPO, "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"}
+    base = run_cli("neuron-conformance", "ops", *common, "--build", "base", env=env, timeout=900)
+    assert base.returncode == 0, base.stdout[-2000:] + base.stderr[-2000:]
+    bugs = run_cli("neuron-conformance", "ops", *common, "--build", "bugs",
+                   env={**env, "ACCEL_BUGS": "softmax_tiles,exp_strides"}, timeout=900)
+    assert bugs.returncode == 1
+    gate = run_cli("neuron-conformance", "gate", "--results", str(results), "--build", "bugs", "--baseline", "base",
+                   env={**env, "ACCEL_BUGS": "softmax_tiles,exp_strides"}, timeout=900)
+    assert gate.returncode == 1, gate.stdout[-3000:]
+    groups = [line for line in gate.stdout.splitlines() if line.startswith("GROUP ")]
+    assert len(groups) == 2, gate.stdout[-3000:]
+    assert any("exp: wrong results for non-contiguous inputs" in g for g in groups), groups
+    assert any("softmax: wrong results for" in g and "longer than 128" in g for g in groups), groups
+    regressions = int(re.search(r"(\d+) regressions in 2 groups", gate.stdout).group(1))
+    assert regressions > 6, "each bug fails many cases"

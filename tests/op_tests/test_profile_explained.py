@@ -21,7 +21,7 @@ MATMUL_FAMILY = ("matmul", "mm", "bmm", "addmm", "nn.functional.linear", "einsum
 ELEMENTWISE = ("add", "mul", "tanh", "exp", "sigmoid", "sum", "softmax", "nn.functional.layer_norm", "cumsum")
 
 
-def test_matmult_bf16_mismatches_are_matmul_family(tmp_path):
+def test_matmult_bf16_differences_are_matmul_family_and_within_its_precision(tmp_path):
     cases = op_cases(OpSelection(patterns=MATMUL_FAMILY + ELEMENTWISE, dtypes=("float32",), directions=("forward",),
                                  max_samples=8))
     settings = RunSettings(target="neuron", timeout_s=300, env={"NEURON_VALIDATE_EMULATOR_PROFILE": "matmult-bf16"})
@@ -32,9 +32,11 @@ def test_matmult_bf16_mismatches_are_matmul_family(tmp_path):
     for name in ELEMENTWISE:
         assert status[name].status is Status.PASS, (name, status[name].message)
     for name in ("matmul", "mm", "bmm", "addmm", "nn.functional.linear"):
-        assert status[name].status is Status.MISMATCH, (name, status[name].message)
+        # The profile's precision model explains them: bf16 operands, judged against perturbed reference runs.
+        assert status[name].status is Status.PASS, (name, status[name].message)
+        assert "within device precision (bf16 matmul operands)" in status[name].message, status[name].message
     for row in rows:
-        if row.outcome.status is Status.MISMATCH:
+        if "within device precision" in row.outcome.message:
             executed = set(row.outcome.evidence["executed_ops"])
             assert executed & {f"{op}{suffix}" for op in MATRIX_ENGINE_OPS for suffix in ("", ".out")}, (
                 row.case.name, sorted(executed))
