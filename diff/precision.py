@@ -87,10 +87,6 @@ class OpPrecision:
         if not (0 <= self.rel < 1) or self.abs < 0:
             raise PrecisionModelError(f"rel={self.rel!r}, abs={self.abs!r}: expected 0 <= rel < 1 and abs >= 0")
 
-    @property
-    def expected_bits(self) -> float:
-        return -math.log2(self.rel) if self.rel > 0 else 53.0
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrecisionModel:
@@ -115,10 +111,6 @@ class PrecisionModel:
     def summary(self) -> str:
         """``bf16 matmul operands, activation tables``: the reasons, for messages."""
         return ", ".join(dict.fromkeys(e.reason or e.pattern for e in self.ops)) or "exact"
-
-    @property
-    def expected_bits(self) -> float:
-        return min((e.expected_bits for e in self.ops), default=53.0)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "source": self.source,

@@ -8,8 +8,7 @@ of samples the op's authors wrote, so every op with samples can take part.
 
 from __future__ import annotations
 
-import math
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -131,12 +130,3 @@ def runs_on_cpu(op, parts, fn=None) -> bool:
         return True
     except Exception:  # noqa: BLE001 - any refusal means the op does not allow this transformation
         return False
-
-
-def cycle(values: list, n: int, shift: int = 0) -> Iterator:
-    for i in range(n):
-        yield values[(i + shift) % len(values)]
-
-
-def prod(shape) -> int:
-    return math.prod(shape)
