@@ -18,9 +18,11 @@ reference computed, is the target right? It answers in this order:
    ops it computes at lower precision: the reference runs K more times with
    those ops perturbed at the model's unit roundoff. A deviation within a
    multiple of that spread passes, marked "within device precision" with the
-   significant bits kept; a reference whose spread leaves no significant bit
-   is ``inconclusive`` with its condition estimate; anything beyond is a
-   ``mismatch``.
+   significant bits kept; anything beyond is a ``mismatch``. A reference
+   whose spread leaves no significant bit cannot be judged as a whole: its
+   ops are judged one by one from the reference's inputs to each
+   (diff.replay). An op off is a ``mismatch``; all ops agreeing leaves it
+   ``inconclusive``, with its condition estimate. Never a pass.
 
 It also holds the one classification of errors a side raised
 (:func:`classify_error`).
@@ -35,6 +37,7 @@ from conformance.outcome import Status
 
 from .compare import Comparison, compare
 from .precision import NoiseFloor, PrecisionModel, noise_floor
+from .replay import OpReplay
 
 # What a backend says when it does not implement something, as opposed to failing at it.
 UNSUPPORTED_MARKERS = (
@@ -85,6 +88,7 @@ class Judgement:
     notes: list[str] = field(default_factory=list)
     noise: NoiseFloor | None = None  # the noise-floor verdict, where one was formed
     precision: PrecisionModel | None = None
+    replay: OpReplay | None = None  # the op-by-op check of an ill-conditioned whole, where one ran
 
     def __bool__(self) -> bool:
         return self.status is Status.PASS
@@ -96,6 +100,11 @@ class Judgement:
 
     @property
     def message(self) -> str:
+        if self.replay is not None and self.replay.first:
+            return (f"ill-conditioned as a whole (condition estimate {self.noise.condition:.3g} at {self.noise.worst} "
+                    f"under the device's precision); {self.replay.describe()}")
+        if self.replay is not None:
+            return f"{self.noise.describe(self.precision)}; {self.replay.describe()}"
         if self.noise is not None and (self.status is not Status.MISMATCH or not self.noise.within):
             return self.noise.describe(self.precision) + (
                 "" if self.status is not Status.MISMATCH else f"; {self.comparison.summary()}")
@@ -121,10 +130,11 @@ class Judge:
 
     def __call__(self, actual: Any, expected: Any, *, golden: Any | Lazy = None,
                  reference_again: Lazy | None = None, noise: Callable[[], list] | None = None,
-                 path: str = "output") -> Judgement:
+                 by_op: Callable[[], OpReplay] | None = None, path: str = "output") -> Judgement:
         """``golden``: the float64 result, or a function that computes it when needed (its failure is
         noted, not raised); ``reference_again``: a function that runs the reference once more;
-        ``noise``: a function that returns perturbed reference runs (diff.precision.perturbed_runs)."""
+        ``noise``: a function that returns perturbed reference runs (diff.precision.perturbed_runs);
+        ``by_op``: a function that judges the reference's ops one by one on the target (diff.replay)."""
         options = dict(tolerance=self.tolerance, device=self.device, path=path)
         result = compare(actual, expected, rule=self.rule, **options)
         if result:
@@ -158,6 +168,10 @@ class Judge:
                 return judgement
         if floor is not None and floor.inconclusive and floor.within:  # nothing judged failed; the rest cannot be
             judgement.status = Status.INCONCLUSIVE
+            if by_op is not None:  # the whole cannot be judged; each op alone can
+                judgement.replay = by_op()
+                if not judgement.replay:
+                    judgement.status = Status.MISMATCH
             return judgement
         if reference_again is not None:
             again = reference_again()

@@ -78,8 +78,14 @@ class OpPrecision:
     where: str = "outputs"  # "inputs": the operands are rounded (auto-cast); "outputs": the results
     reason: str = ""
     values: str = "float"  # which tensors it applies to: "float", "int" (integer ops computed in float) or "any"
+    # How the error depends on the value: "rounding", pseudo-random per value (roundings, stochastic rounding);
+    # "smooth", a slowly varying function of the value that keeps near-equal values in order (a table that
+    # interpolates a monotone function between knots does: its error varies with the knots' spacing).
+    noise: str = "rounding"
 
     def __post_init__(self) -> None:
+        if self.noise not in ("rounding", "smooth"):
+            raise PrecisionModelError(f"noise={self.noise!r} (type=str): expected rounding or smooth")
         if self.where not in ("inputs", "outputs"):
             raise PrecisionModelError(f"where={self.where!r} (type=str): expected inputs or outputs")
         if self.values not in ("float", "int", "any"):
@@ -100,9 +106,11 @@ class PrecisionModel:
         return bool(self.ops)
 
     def for_op(self, op_name: str, floating: bool = True) -> OpPrecision | None:
-        """The entry for an op whose tensors are floating (or integer, ``floating=False``)."""
+        """The entry for an op whose tensors are floating (or integer, ``floating=False``); an in-place
+        variant (``aten::silu_``) has its op's entry."""
+        functional = op_name[:-1] if op_name.endswith("_") and not op_name.endswith("__") else op_name
         for entry in self.ops:
-            if fnmatch.fnmatchcase(op_name, entry.pattern) and (
+            if (fnmatch.fnmatchcase(op_name, entry.pattern) or fnmatch.fnmatchcase(functional, entry.pattern)) and (
                     entry.values == "any" or (entry.values == "float") == floating):
                 return entry
         return None
@@ -115,7 +123,7 @@ class PrecisionModel:
     def to_dict(self) -> dict:
         return {"name": self.name, "source": self.source,
                 "ops": [{"pattern": e.pattern, "rel": e.rel, "abs": e.abs, "where": e.where, "reason": e.reason,
-                         "values": e.values} for e in self.ops]}
+                         "values": e.values, "noise": e.noise} for e in self.ops]}
 
     @classmethod
     def from_dict(cls, data: dict, *, source: str = "") -> "PrecisionModel":
@@ -159,8 +167,8 @@ def model_from_profile(profile) -> PrecisionModel:
     if profile.approximate_activations:
         knots = max(1, int(profile.activation_knots_per_unit))
         rel = max(TABLE_U, 1.0 / (4.0 * knots * knots))
-        ops += [OpPrecision(pattern=name, rel=rel, abs=rel, where="outputs", reason="activation tables")
-                for name, _, _ in profile.activation_ranges]
+        ops += [OpPrecision(pattern=name, rel=rel, abs=rel, where="outputs", reason="activation tables",
+                            noise="smooth") for name, _, _ in profile.activation_ranges]
     if profile.integer_matmul_fp32:
         ops += [OpPrecision(pattern=p, rel=FP32_U, where="outputs", reason="integer matmul in fp32", values="int")
                 for p in ("aten::mm", "aten::bmm", "aten::addmm", "aten::mv", "aten::dot", "aten::matmul")]
@@ -213,7 +221,8 @@ class PerturbMode:
     symmetry of equal values, which a batch norm over two identical features
     then amplifies a million-fold, as no real device does.) Integer outputs
     of ops computed in floating point are rounded through float32 when they
-    exceed 2^24. Used as a context manager around a reference run.
+    exceed 2^24. In-place and ``out=`` ops take the error in the tensors they
+    write (timm's activations are in place). Used as a context manager around a reference run.
     """
 
     model: PrecisionModel
@@ -236,9 +245,10 @@ class PerturbMode:
                     return t
                 if t.is_floating_point():
                     x = t.detach().double()
-                    out = x * (1 + entry.rel * value_noise(x, seed))
+                    noise = smooth_noise if entry.noise == "smooth" else value_noise
+                    out = x * (1 + entry.rel * noise(x, seed))
                     if entry.abs:
-                        out = out + entry.abs * value_noise(x, seed + 1)
+                        out = out + entry.abs * noise(x, seed + 1, absolute=True)
                     return out.to(t.dtype)
                 if not t.is_complex() and t.dtype != torch.bool and entry.where == "outputs":
                     wide = t.to(torch.int64)
@@ -255,13 +265,21 @@ class PerturbMode:
                 tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
                 floating = not tensors or any(t.is_floating_point() or t.is_complex() for t in tensors)
                 entry = model.for_op(func._schema.name, floating)
-                if entry is None or func._schema.is_mutable or func._schema.name in ("aten::copy_", "aten::_to_copy"):
+                mutable = func._schema.is_mutable
+                if (entry is None or func._schema.name in ("aten::copy_", "aten::_to_copy")
+                        or (mutable and entry.where == "inputs")):
                     return func(*args, **kwargs)
                 met[entry.reason or entry.pattern] = None
                 if entry.where == "inputs":
                     args, kwargs = tree_map(perturb(entry), (args, kwargs))
                     return func(*args, **kwargs)
-                return tree_map(perturb(entry), func(*args, **kwargs))
+                out = func(*args, **kwargs)
+                if not mutable:
+                    return tree_map(perturb(entry), out)
+                for t in tree_leaves(out):  # in place (silu_) or out=: the written tensors take the error
+                    if isinstance(t, torch.Tensor):
+                        t.copy_(perturb(entry)(t))
+                return out
 
         self._mode = _Mode()
         self._mode.__enter__()
@@ -282,7 +300,7 @@ _MIX2 = -4658895280553007687  # 0xBF58476D1CE4E5B9
 _MIX3 = -7723592293110705685  # 0x94D049BB133111EB
 
 
-def value_noise(x, seed: int):
+def value_noise(x, seed: int, absolute: bool = False):
     """Uniform-looking values in [-1, 1), one per element of ``x`` (float64), a function of its value and
     ``seed`` only (splitmix64 of the value's bits)."""
     import torch
@@ -293,6 +311,21 @@ def value_noise(x, seed: int):
     h = (h ^ ((h >> 27) & 0x1FFFFFFFFF)) * _MIX3
     h = h ^ ((h >> 31) & 0x1FFFFFFFF)
     return (h & ((1 << 53) - 1)).double() / 2.0**52 - 1.0
+
+
+SMOOTH_PERIOD = 1.0 / 64  # of the absolute part of smooth noise: a table's knot spacing
+
+
+def smooth_noise(x, seed: int, absolute: bool = False):
+    """Values in [-1, 1], one per element of ``x`` (float64), varying slowly with its value: one period per
+    octave of |x| for a relative error (``x * (1 + rel * noise)`` then changes by at most ~9 rel per unit
+    of relative change in x), one per ``SMOOTH_PERIOD`` for an absolute one. The seed sets the phase."""
+    import torch
+
+    phase = (seed * 0.6180339887498949) % 1.0
+    if absolute:
+        return torch.sin(2 * math.pi * (x / SMOOTH_PERIOD + phase))
+    return torch.sin(2 * math.pi * (torch.log2(x.abs().clamp_min(1e-300)) + phase))
 
 
 def perturbed_runs(run: Callable[[], Any], model: PrecisionModel, *, runs: int = RUNS, seed: int = 0) -> Runs:

@@ -25,6 +25,7 @@ from conformance.outcome import Outcome, Status
 from conformance.target import EAGER_UNDER_COMPILE, ran_eagerly
 from diff.judge import Judge, classify_error, one_line
 from diff.precision import model_for, perturbed_runs
+from diff.replay import replay_ops
 from diff.sides import run_model
 from diff.tolerances import TolerancePolicy
 from runner.executors import Executor
@@ -141,7 +142,11 @@ def execute_model_case(case: Case, ctx) -> Outcome:
         golden=lambda: run_side(build(config), config, "cpu", dtype=torch.float64, in_place=True),
         reference_again=lambda: run_side(build(config), config, reference.device, in_place=True),
         noise=lambda: perturbed_runs(lambda: run_side(build(config), config, reference.device, in_place=True),
-                                     precision, runs=NOISE_RUNS, seed=case.seed))
+                                     precision, runs=NOISE_RUNS, seed=case.seed),
+        by_op=lambda: replay_ops(lambda: run_side(build(config), config, reference.device, in_place=True),
+                                 device=target.device, precision=precision,
+                                 judge_for=lambda op: Judge(tolerance=TolerancePolicy().for_dtype(op),
+                                                            device=target.device.type, precision=precision)))
     timings["comparison"] = time.perf_counter() - t0
     if verdict.golden_error:
         evidence["golden_error"] = verdict.golden_error
@@ -155,6 +160,8 @@ def execute_model_case(case: Case, ctx) -> Outcome:
         evidence["precision_model"] = precision.to_dict()
     if verdict.noise is not None:
         evidence["noise_floor"] = verdict.noise.to_dict()
+    if verdict.replay is not None:
+        evidence["op_replay"] = verdict.replay.to_dict()
     if verdict.status is Status.INCONCLUSIVE and not verdict.nondeterministic:
         return Outcome(case_id=case.id, status=Status.INCONCLUSIVE, timings=timings, evidence=evidence,
                        message=verdict.message)
