@@ -34,7 +34,7 @@ from runner.executors import Executor
 from .causes import case_cause, sample_facts
 from .families import FamilyNotApplicable
 from .repro import write_repro
-from .rules import OpRule, gather_index_output, rule_for
+from .rules import PROPERTIES, OpRule, gather_index_output, rule_for
 from .samples import (
     HypothesisNotApplicable,
     cacheable_inputs,
@@ -141,7 +141,10 @@ def _run_op(fn, rule: OpRule, sample, parts, *, backward: bool, device, seed: in
     inp, args, kwargs = parts
     try:
         out = fn(inp, *args, **kwargs)
-        out = sample.output_process_fn_grad(out)
+        if rule.property is not None:  # instead of the sample's own processing, which expects the raw output
+            out = PROPERTIES[rule.property](out, inp, args, kwargs, rule.op_key)
+        else:
+            out = sample.output_process_fn_grad(out)
         if rule.gather is not None and not backward:
             cpu_input = inp if isinstance(inp, torch.Tensor) else None
             if cpu_input is not None:
@@ -461,7 +464,7 @@ def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *,
         "by_status": by_status,
         "sample_statuses": [v.status.value for v in verdicts],  # in sample order
         "metrics": worst,
-        "rule": rule.compare if not rule.gather else "gather_indices",
+        "rule": rule.property or (rule.compare if not rule.gather else "gather_indices"),
         "failures": [
             {"sample": v.index, "status": v.status.value, "message": v.message,
              "mismatches": (v.comparison or {}).get("mismatches", [])[:3]}

@@ -148,3 +148,41 @@ def test_headlines_separate_within_precision_from_pass_mismatch_and_inconclusive
     table = verdicts_by_family(rows)
     assert table["ops"]["pass"] == 1 and table["ops"]["within precision"] == 1
     assert table["timm"]["inconclusive"] == 1 and table["timm"]["mismatch"] == 1 and table["timm"]["pass"] == 0
+
+
+BF16_ADDS = PrecisionModel(name="bf16 adds", ops=(OpPrecision(pattern="aten::add", rel=2.0**-8, reason="bf16 adds"),))
+
+
+def _judge_ill_conditioned_net(device) -> "Judgement":  # noqa: F821 - diff.judge.Judgement
+    """A convolution, then (y + 1e4) - 1e4: at bf16 adds nothing of y survives, so the whole cannot be judged."""
+    from diff.replay import replay_ops
+
+    torch.manual_seed(0)
+    conv, x = torch.nn.Conv1d(1, 4, 3, padding=1), torch.randn(2, 1, 16)
+
+    def run(where=torch.device("cpu")):
+        with torch.no_grad():
+            y = torch.nn.functional.conv1d(x.to(where), conv.weight.to(where), conv.bias.to(where), padding=1)
+            return (torch.add(y, 1e4) - 1e4) * 3
+
+    judge = Judge(tolerance=FP32, device=device.type, precision=BF16_ADDS)
+    return judge(run(device), run(), golden=lambda: run().double(),
+                 noise=lambda: perturbed_runs(run, BF16_ADDS),
+                 by_op=lambda: replay_ops(run, device=device, precision=BF16_ADDS,
+                                          judge_for=lambda op: Judge(tolerance=FP32, device=device.type,
+                                                                     precision=BF16_ADDS)))
+
+
+def test_an_ill_conditioned_model_is_inconclusive_and_a_fault_in_it_is_found_op_by_op(neuron):
+    import emulator
+
+    emulator.set_faults("perturb@aten::add,rel=0.001")  # the device's adds, within the model's bf16
+    verdict = _judge_ill_conditioned_net(neuron)
+    assert verdict.status is Status.INCONCLUSIVE and not verdict, verdict.message
+    assert "condition estimate" in verdict.message and "ops judged agrees" in verdict.message
+    assert verdict.noise.condition > 1e3
+
+    emulator.set_faults("perturb@aten::convolution,rel=0.05")  # a 5% fault the whole cannot show
+    verdict = _judge_ill_conditioned_net(neuron)
+    assert verdict.status is Status.MISMATCH, verdict.message
+    assert "aten.convolution.default" in verdict.replay.first and "ill-conditioned as a whole" in verdict.message
