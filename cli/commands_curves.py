@@ -3,10 +3,18 @@
     neuron-conformance curves --model NAME --steps N --target neuron --out DIR
 
 Builds the zoo model once (fixed seed, dropout off), trains a copy on each
-side for N steps on the same batches (``make_batch(step)``) with the zoo's
-optimizer, shows both sides' progress live, compares the curves against the
-band (diff.curves) and writes ``loss_curves.png`` / ``.svg`` and
-``curves.json`` (both curves, the comparison, and both sides' manifests).
+side for N steps on the same batches with the zoo's optimizer, shows both
+sides' progress live, compares the curves against the band (diff.curves) and
+writes ``loss_curves.png`` / ``.svg`` and ``curves.json`` (both curves, the
+comparison, and both sides' manifests).
+
+The data is a task the model can learn: the same few batches (``--data
+fixed``, the default), at least ``MIN_BATCH`` examples each so batch norm
+sees a batch, which the model fits, so both curves fall and the band tells
+drift by design from divergence. ``--data fresh`` draws a new random batch
+each step (unlearnable: the curves only wander). For a target with a
+precision model (diff.precision) the band comes from perturbed reference
+trainings as well.
 Exit code 0 when the curves agree, 1 when they diverge or the target fails
 to train, 2 for bad usage (an unknown model lists the closest names).
 """
@@ -20,6 +28,7 @@ from pathlib import Path
 from .common import EXIT_FINDINGS, EXIT_OK, UsageError, add_target_options, apply_environment, resolve_targets
 
 DEFAULT_OUT = Path("runs") / "curves"
+MIN_BATCH = 16  # the default batch of the learnable task: batch norm over 2 images only wanders
 
 
 def register(sub) -> None:
@@ -28,7 +37,12 @@ def register(sub) -> None:
     p.add_argument("--model", required=True, metavar="NAME", help="zoo model, e.g. hf/gpt2:causal_lm (see neuron-conformance models --list)")
     p.add_argument("--steps", type=int, default=20, metavar="N", help="training steps (default 20)")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default float32)")
-    p.add_argument("--batch", type=int, default=0, help="batch size (default: the model's)")
+    p.add_argument("--batch", type=int, default=0, help=f"batch size (default: the model's, at least {MIN_BATCH} "
+                   "with --data fixed)")
+    p.add_argument("--data", choices=("fixed", "fresh"), default="fixed",
+                   help="fixed: the same --data-batches batches again and again, a task the model can fit "
+                        "(default); fresh: a new random batch each step")
+    p.add_argument("--data-batches", type=int, default=1, metavar="K", help="batches of the fixed task (default 1)")
     p.add_argument("--size", type=int, default=0, help="sequence length or image side (default: the model's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rtol", type=float, default=None, help="band around the reference loss, relative (default 0.05)")
@@ -47,6 +61,8 @@ def _one_line(exc: BaseException) -> str:
 def cmd_curves(args) -> int:
     if args.steps < 1:
         raise UsageError(f"--steps {args.steps}: must be at least 1")
+    if args.data_batches < 1:
+        raise UsageError(f"--data-batches {args.data_batches}: must be at least 1")
     out = Path(args.out) if args.out else DEFAULT_OUT / args.model.replace("/", "_").replace(":", "_")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is a file; expected a folder")
@@ -71,8 +87,16 @@ def cmd_curves(args) -> int:
         config = ModelConfig(arch=args.model, dtype=args.dtype, batch=args.batch, size=args.size, mode="steps",
                              steps=args.steps, seed=args.seed)
         built = build(config)
+        if args.data == "fixed" and not args.batch and built.config and built.config.batch < MIN_BATCH:
+            config = ModelConfig(arch=args.model, dtype=args.dtype, batch=MIN_BATCH, size=args.size, mode="steps",
+                                 steps=args.steps, seed=args.seed)
+            built = build(config)
     except (ValueError, ModelZooError) as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
+    fixed = [built.make_batch(k) for k in range(args.data_batches)] if args.data == "fixed" else None
+
+    def batch(step: int):
+        return dict(fixed[step % len(fixed)]) if fixed is not None else built.make_batch(step)
     model_name = str(built.config or config)
     console.print(f"[bold]curves[/] {model_name}: {args.steps} steps on [bold]{target.describe()}[/] "
                   f"against {reference.describe()}")
@@ -83,7 +107,7 @@ def cmd_curves(args) -> int:
     progress = Progress(TextColumn("[bold]{task.description:>10}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), TextColumn("loss {task.fields[loss]}"), console=console,
                         disable=not console.is_terminal)
-    common = dict(batch=built.make_batch, loss=loss, optimizer_factory=built.optimizer_factory, steps=args.steps,
+    common = dict(batch=batch, loss=loss, optimizer_factory=built.optimizer_factory, steps=args.steps,
                   seed=args.seed)
     with progress:
         curves = {}
@@ -107,10 +131,22 @@ def cmd_curves(args) -> int:
                               f"{_one_line(exc)}", highlight=False)
                 console.print("verdict: [bold red]DIVERGE[/] (the target did not train)")
                 return EXIT_FINDINGS
-    comparison = compare_curves(curves["reference"], curves["target"], tolerance)
+    from diff.curves import NOISE_RUNS
+    from diff.precision import model_for, perturbed_runs
+
+    precision = model_for(target)
+    perturbed: list = []
+    if precision:
+        console.print(f"  band: {NOISE_RUNS} reference trainings perturbed as the device's precision allows "
+                      f"({precision.summary})", highlight=False)
+        perturbed = perturbed_runs(lambda: train_curve(built.model, device=reference.device,
+                                                       label="perturbed reference", **common),
+                                   precision, runs=NOISE_RUNS, seed=args.seed)
+    comparison = compare_curves(curves["reference"], curves["target"], tolerance, perturbed)
     paths = plot_curves(comparison, out / "loss_curves", title=f"{args.model} on {target.describe()}")
     record = {"model": args.model, "config": (built.config or config).to_dict(), "comparison": comparison.to_dict(),
-              "tolerance": tolerance.describe(),
+              "tolerance": tolerance.describe(), "data": {"kind": args.data, "batches": args.data_batches},
+              "precision_model": precision.to_dict() if precision else None,
               "manifest": {"target": target.manifest(), "reference": reference.manifest()}}
     (out / "curves.json").write_text(json.dumps(record, indent=1, default=str))
     r, tg = comparison.reference, comparison.target

@@ -9,6 +9,14 @@ few steps may fall outside the band (noise spikes) before the curves count as
 diverged; the step at which they diverge is the start of the run of failing
 steps that used up the allowance. NaN or inf on one side only always fails.
 
+For a target with a precision model (diff.precision), the band also comes
+from perturbed reference runs: the reference trained again with the ops the
+model names perturbed at its unit roundoff. Their gap to the reference grows
+with the steps, as the device's own drift does; the band at each step is the
+wider of the fixed band and ``SPREAD_MULTIPLE`` times that spread (its
+largest relative value so far, so a step where the perturbed curves happen to
+cross the reference does not narrow it).
+
 :func:`train_curve` runs the training loop for one side (used by
 ``neuron-conformance curves`` and by ``neuron-validate``); an unchanged
 training script's losses come from its own ``backward()`` calls instead.
@@ -18,10 +26,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 DEFAULT_RTOL = 0.05  # Megatron-LM's approximate loss check
 DEFAULT_ATOL = 1e-4
+NOISE_RUNS = 2  # perturbed reference trainings behind the band of a target with a precision model
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +106,8 @@ class CurveComparison:
     max_abs_gap: float = 0.0
     max_rel_gap: float = 0.0
     note: str = ""
+    bands: list[float] = field(default_factory=list)  # the band at each compared step
+    perturbed: int = 0  # perturbed reference runs that widened the band (0: the fixed band alone)
 
     def __bool__(self) -> bool:
         return self.diverged_at is None and not self.note.startswith("no steps")
@@ -120,6 +131,11 @@ class CurveComparison:
             return self.note or "no steps to compare"
         head = (f"{len(self.failing_steps)} of {self.steps} steps outside the band ({self.allowed} allowed); "
                 f"greatest gap {self.max_abs_gap:.3g} ({100 * self.max_rel_gap:.2f}% of the reference loss)")
+        if self.perturbed:
+            last = self.reference.losses[self.steps - 1]
+            width = self.bands[-1] / abs(last) if self.bands and last else 0.0
+            head += (f"; band from {self.perturbed} perturbed reference runs (device precision), "
+                     f"{100 * width:.2f}% at the last step")
         if self:
             return f"loss curves agree: {head}"
         return f"loss curves diverge at step {self.diverged_at}: {head}"
@@ -131,11 +147,14 @@ class CurveComparison:
             "max_abs_gap": _json_float(self.max_abs_gap), "max_rel_gap": _json_float(self.max_rel_gap),
             "rtol": self.tolerance.rtol, "atol": self.tolerance.atol, "speed_ratio": self.speed_ratio,
             "note": self.note, "reference": self.reference.to_dict(), "target": self.target.to_dict(),
+            "bands": [_json_float(b) for b in self.bands], "perturbed_runs": self.perturbed,
         }
 
 
-def compare_curves(reference: LossCurve, target: LossCurve, tolerance: CurveTolerance | None = None) -> CurveComparison:
-    """Compares the common steps of two curves against the band (see the module docstring)."""
+def compare_curves(reference: LossCurve, target: LossCurve, tolerance: CurveTolerance | None = None,
+                   perturbed: Sequence[LossCurve] = ()) -> CurveComparison:
+    """Compares the common steps of two curves against the band (see the module docstring); ``perturbed``:
+    reference curves trained under the target's precision model (diff.precision.perturbed_runs)."""
     tol = tolerance or CurveTolerance()
     result = CurveComparison(reference=reference, target=target, tolerance=tol)
     n = min(reference.steps, target.steps)
@@ -145,6 +164,8 @@ def compare_curves(reference: LossCurve, target: LossCurve, tolerance: CurveTole
     if n == 0:
         result.note = "no steps to compare: " + (result.note or "both curves are empty")
         return result
+    result.bands = precision_bands(reference, perturbed, tol, n)
+    result.perturbed = sum(1 for p in perturbed if p.steps >= n)
     for step in range(n):
         r, t = reference.losses[step], target.losses[step]
         if not (math.isfinite(r) and math.isfinite(t)):
@@ -156,7 +177,7 @@ def compare_curves(reference: LossCurve, target: LossCurve, tolerance: CurveTole
         result.max_abs_gap = max(result.max_abs_gap, gap)
         if r != 0:
             result.max_rel_gap = max(result.max_rel_gap, gap / abs(r))
-        if gap > tol.band(r):
+        if gap > result.bands[step]:
             result.failing_steps.append(step)
     allowed = tol.allowed(n)
     if len(result.failing_steps) > allowed:
@@ -167,6 +188,25 @@ def compare_curves(reference: LossCurve, target: LossCurve, tolerance: CurveTole
             start -= 1
         result.diverged_at = start
     return result
+
+
+def precision_bands(reference: LossCurve, perturbed: Sequence[LossCurve], tol: CurveTolerance, n: int) -> list[float]:
+    """The band at each of the first ``n`` steps: the fixed band, widened to SPREAD_MULTIPLE times the
+    perturbed runs' largest relative gap to the reference so far (perturbed runs shorter than ``n`` are
+    left out)."""
+    from .precision import SPREAD_MULTIPLE
+
+    runs = [p for p in perturbed if p.steps >= n]
+    bands, relative = [], 0.0
+    for step in range(n):
+        r = reference.losses[step]
+        fixed = tol.band(r) if math.isfinite(r) else 0.0
+        for p in runs:
+            x = p.losses[step]
+            if math.isfinite(x) and math.isfinite(r) and r != 0:
+                relative = max(relative, abs(x - r) / abs(r))
+        bands.append(max(fixed, SPREAD_MULTIPLE * relative * abs(r)) if math.isfinite(r) else fixed)
+    return bands
 
 
 # ---------------------------------------------------------------- training

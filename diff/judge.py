@@ -99,6 +99,15 @@ class Judgement:
         return self.status is Status.PASS and self.noise is not None and self.noise.within
 
     @property
+    def decided(self) -> Comparison:
+        """The comparison as the judge decided it: a pass within device precision keeps its statistics, lists
+        no mismatch and says what let it pass (for callers that keep a Comparison, such as the localiser)."""
+        if self.status is not Status.PASS or self.comparison:
+            return self.comparison
+        return Comparison(leaves=self.comparison.leaves, worst=dict(self.comparison.worst),
+                          passed_by={**self.comparison.passed_by, "device precision": self.comparison.leaves})
+
+    @property
     def message(self) -> str:
         if self.replay is not None and self.replay.first:
             return (f"ill-conditioned as a whole (condition estimate {self.noise.condition:.3g} at {self.noise.worst} "

@@ -51,10 +51,12 @@ def plot_curves(comparison: CurveComparison, stem: str | Path, *, title: str = "
     ax_loss.plot(steps_r, ref.losses, color=REFERENCE_COLOR, label=f"reference: {ref.label}", lw=1.8)
     ax_loss.plot(steps_t, tgt.losses, color=TARGET_COLOR, label=f"target: {tgt.label}", lw=1.4, ls="--")
     if n:
-        band = [comparison.tolerance.band(x) if math.isfinite(x) else 0.0 for x in ref.losses[:n]]
+        band = comparison.bands[:n] or [comparison.tolerance.band(x) if math.isfinite(x) else 0.0
+                                        for x in ref.losses[:n]]
         lo = [x - b for x, b in zip(ref.losses[:n], band)]
         hi = [x + b for x, b in zip(ref.losses[:n], band)]
-        ax_loss.fill_between(range(n), lo, hi, color=BAND_COLOR, alpha=0.12, label="tolerance band")
+        label = "band" + (" (device precision)" if comparison.perturbed else "")
+        ax_loss.fill_between(range(n), lo, hi, color=BAND_COLOR, alpha=0.12, label=label)
     if comparison.diverged_at is not None:
         ax_loss.axvline(comparison.diverged_at, color="black", lw=1, ls=":")
         ax_loss.annotate(f"diverge at step {comparison.diverged_at}", (comparison.diverged_at, ax_loss.get_ylim()[1]),

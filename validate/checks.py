@@ -119,9 +119,12 @@ def check_numerics(obs: dict, ctx: CheckContext) -> list[Finding]:
         what = "eager and compiled " if compiled else ""
         grads = (loc.get("gradients") or {}).get("leaves")
         why = obs.get("gradients_not_compared")
+        within = any("device precision" in ((loc.get(k) or {}).get("passed_by") or {}) for k in ("outputs", "gradients"))
+        rule = ("within device precision: the noise floor of perturbed reference runs" if within else
+                "float64 golden rule, model tolerances")
         findings.append(Finding(check="numerics", severity="info",
                                 title=f"{what}outputs ({leaves}) and gradients ({grads or 0}) match the reference "
-                                      "(float64 golden rule, model tolerances)"
+                                      f"({rule})"
                                       + (f"; gradients not compared: {why}" if why and not grads else "")))
         return findings
     if loc["ok"] and not compiled_ok:
@@ -381,7 +384,8 @@ def curve_comparison(obs: dict, tolerance: CurveTolerance) -> CurveComparison | 
     tgt = (obs.get("target") or {}).get("curve")
     if not ref or not tgt:
         return None
-    return compare_curves(LossCurve.from_dict(ref), LossCurve.from_dict(tgt), tolerance)
+    perturbed = [LossCurve.from_dict(c) for c in obs.get("perturbed_curves") or ()]
+    return compare_curves(LossCurve.from_dict(ref), LossCurve.from_dict(tgt), tolerance, perturbed)
 
 
 def device_random_stream_differs(obs: dict) -> bool:

@@ -24,7 +24,7 @@ class ChildSpec:
 
     script: str
     convention: str
-    side: str  # "target" | "reference" (training convention); "both" (functions convention)
+    side: str  # "target" | "reference" | "perturbed-K" (training convention); "both" (functions convention)
     target: str
     reference: str
     mode: str = "eager"
@@ -35,6 +35,10 @@ class ChildSpec:
     script_args: tuple[str, ...] = ()
     localize: bool = True
     backend_modules: tuple[str, ...] = ()
+    # A reference side run with the target's precision model perturbing its ops (side "perturbed-K"): its
+    # losses widen the band of the curves (diff.curves). The model as PrecisionModel.to_dict().
+    perturb_seed: int | None = None
+    precision: dict | None = None
 
     def to_config(self) -> dict:
         data = asdict(self)
@@ -83,12 +87,14 @@ def localization_observations(model, args, kwargs, *, target, reference, loss_fn
                               files=(), call=None) -> dict:
     """Runs diff.localize on the target and turns its trace into placement events; JSON-ready."""
     from diff.localize import ReferenceFailure, localize
+    from diff.precision import model_for
 
     from .probes import placement_from_trace
 
     try:
         loc = localize(model, args, kwargs, target_device=target.device, reference_device=reference.device,
-                       loss_fn=loss_fn, grad_output=grad_output, source_files=files, call=call)
+                       loss_fn=loss_fn, grad_output=grad_output, source_files=files, call=call,
+                       precision=model_for(target))
     except ReferenceFailure as exc:
         return {"localization": None, "placement_events": [],
                 "localization_error": str(exc) + (f" at {exc.source}" if exc.source else "")}

@@ -135,7 +135,9 @@ def _observe(spec: ChildSpec, result: dict, progress) -> None:
     import torch
 
     from conformance.target import TargetError, resolve_target
+    from diff.curves import NOISE_RUNS as CURVE_NOISE_RUNS
     from diff.curves import train_curve
+    from diff.precision import model_for, perturbed_runs
 
     path = spec.script
     files = [path]
@@ -241,6 +243,12 @@ def _observe(spec: ChildSpec, result: dict, progress) -> None:
             curve = train_curve(model, device=reference.device, label=reference.describe(),
                                 on_step=on_step("reference"), **common)
             ref_side.curve = curve.to_dict()
+            precision = model_for(target)
+            if precision:  # the band of the curves from reference trainings perturbed as the device's precision allows
+                progress(side="reference", phase="perturbed curves")
+                result["perturbed_curves"] = [c.to_dict() for c in perturbed_runs(
+                    lambda: train_curve(model, device=reference.device, label="perturbed reference", **common),
+                    precision, runs=CURVE_NOISE_RUNS, seed=spec.seed)]
             try:
                 curve = train_curve(model, device=target.device, label=target.describe(), prepare=target.prepare,
                                     synchronize=target.synchronize, on_step=on_step("target"), **common)
@@ -293,13 +301,28 @@ def _compiled_check(model, args, kwargs, *, target, reference, loss, grad_output
 
     from diff.sides import to_device
 
+    from diff.precision import model_for, perturbed_runs
+
     common = dict(loss=loss, grad_output=grad_output)
-    judge = Judge(tolerance=TolerancePolicy().for_dtype(type(model).__name__, scope="model"))
+    precision = model_for(target)
+    judge = Judge(tolerance=TolerancePolicy().for_dtype(type(model).__name__, scope="model"), precision=precision)
     ref_out, ref_grads, _ = _pass(model, args, kwargs, reference.device, double=False, **common)
 
     @functools.cache
     def golden():  # only when a comparison needs it; a failure means judging against the reference alone
         return _pass(model, args, kwargs, "cpu", double=True, **common)
+
+    @functools.cache
+    def noisy():  # the reference perturbed as the device's precision allows (diff.precision), when needed
+        return perturbed_runs(lambda: _pass(model, args, kwargs, reference.device, double=False, **common),
+                              precision, runs=2)
+
+    def noise(part: int):
+        def runs():
+            out = type(noisy())(r[part] for r in noisy())
+            out.reasons = noisy().reasons
+            return out
+        return runs
 
     try:
         out, grads, compiled = _pass(model, args, kwargs, target.device, double=False, prepare=target.prepare, **common)
@@ -312,8 +335,8 @@ def _compiled_check(model, args, kwargs, *, target, reference, loss, grad_output
     if ran_eagerly(compiled):  # never a pass: the compiler was not tested
         return {"error": {"type": "RuntimeError", "message": f"compile mode: {EAGER_UNDER_COMPILE}", "source": None,
                           "phase": "compile", "import_error": False}, "graphs": 0}
-    outputs = judge(out, ref_out, golden=lambda: golden()[0]).comparison
-    gradients = (judge(grads, ref_grads, golden=lambda: golden()[1], path="grad").comparison
+    outputs = judge(out, ref_out, golden=lambda: golden()[0], noise=noise(0)).decided
+    gradients = (judge(grads, ref_grads, golden=lambda: golden()[1], noise=noise(1), path="grad").decided
                  if grads is not None else None)
     return {"outputs": outputs.to_dict(), "gradients": gradients.to_dict() if gradients is not None else None,
             "graphs": compiled.graphs}

@@ -78,8 +78,9 @@ def script_case(options: ValidateOptions) -> Case:
 
 
 # ---------------------------------------------------------------- observing
-def _side_case(options: ValidateOptions, side: str) -> Case:
-    spec = ChildSpec(
+def _side_case(options: ValidateOptions, side: str, *, perturb_seed: int | None = None,
+               precision: dict | None = None) -> Case:
+    spec = ChildSpec(perturb_seed=perturb_seed, precision=precision,
         script=options.script.path, convention=options.script.convention, side=side, target=options.target,
         reference=options.reference, mode=options.mode, steps=options.steps, steps_given=options.steps_given,
         seed=options.seed, out=str(Path(options.out) / "work" / side), script_args=options.script_args,
@@ -161,8 +162,28 @@ def observe(options: ValidateOptions, on_progress: ProgressFn | None = None) -> 
         data["manifest"] = {"target": tgt_data.get("manifest"), "reference": ref_data.get("manifest")}
         data["notes"] = list(ref_data.get("notes", [])) + list(tgt_data.get("notes", []))
         _check_training_script(options, data)
+        if data.get("precision_model") and ref.get("curve") and data["target"].get("curve"):
+            data["perturbed_curves"] = _perturbed_curves(options, settings, data["precision_model"], progress)
     data["seconds"] = time.monotonic() - start
     return data
+
+
+def _perturbed_curves(options: ValidateOptions, settings: RunSettings, precision: dict, progress) -> list[dict]:
+    """The script's losses on the reference, run again NOISE_RUNS times with the target's precision model
+    perturbing its ops (diff.precision): the band of the curves grows with them (diff.curves)."""
+    from diff.curves import NOISE_RUNS
+
+    jobs = [Job(case=_side_case(options, f"perturbed-{k}", perturb_seed=options.seed * 1_000_003 + k,
+                                precision=precision),
+                env=CPU_SIDE_ENV if options.reference.split(":")[0] == "cpu" else {}) for k in range(NOISE_RUNS)]
+    curves = []
+    with Supervisor(settings, jobs=len(jobs), fresh=True, on_progress=progress) as supervisor:
+        for job, outcome in supervisor.run_jobs(jobs):
+            if outcome.status is Status.PASS:
+                curve = (outcome.evidence["observations"].get(job.case.mode) or {}).get("curve")
+                if curve:
+                    curves.append(curve)
+    return curves
 
 
 def _fails(options: ValidateOptions, data: dict | None) -> bool:

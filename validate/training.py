@@ -161,7 +161,7 @@ def _install(state: _State, torch, here) -> dict:
         return out
 
     def compile_(model=None, *args, **kwargs):
-        if spec.side == "reference" and not here.compiles:
+        if spec.side != "target" and not here.compiles:
             if model is None:
                 return lambda m: m
             return model
@@ -259,7 +259,7 @@ def observe(spec: ChildSpec, progress) -> dict:
     except TargetError as exc:
         result["script_problem"] = str(exc)
         return result
-    if spec.side == "reference" and here.kind == "cpu":
+    if spec.side != "target" and here.kind == "cpu":
         _patch_accelerator_for_cpu(torch)
     result["manifest"] = here.manifest()
     device = str(here.device)
@@ -278,7 +278,12 @@ def observe(spec: ChildSpec, progress) -> dict:
     progress(side=spec.side, phase="run")
     stopped = False
     here.peak_memory(reset=True)
-    with here.track_ops() as tracker:
+    perturb = contextlib.nullcontext()
+    if spec.perturb_seed is not None and spec.precision:
+        from diff.precision import PerturbMode, PrecisionModel
+
+        perturb = PerturbMode(model=PrecisionModel.from_dict(spec.precision), seed=spec.perturb_seed)
+    with here.track_ops() as tracker, perturb:
         try:
             runpy.run_path(spec.script, run_name="__main__")
         except StopScript:
@@ -307,6 +312,10 @@ def observe(spec: ChildSpec, progress) -> dict:
     side.extra["stopped_at_steps"] = stopped
     side.extra["model"] = {"class": state.root_type} if state.root_type else None
     if spec.side == "target":
+        from diff.precision import model_for
+
+        precision = model_for(here)
+        result["precision_model"] = precision.to_dict() if precision else None
         trace = tracker.trace
         side.extra["fallback_ops"] = list(trace.fallback) if trace else []
         side.extra["executed_ops"] = len(trace.executed) if trace else None

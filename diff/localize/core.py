@@ -13,6 +13,7 @@ import torch
 from conformance.host_copies import watch_host_copies
 
 from ..judge import Judge, one_line
+from ..precision import PrecisionModel, Runs, perturbed_runs
 from ..sides import call_model, run_model
 from ..tolerances import TolerancePolicy
 from .drill import locate_op
@@ -23,6 +24,7 @@ from .random_ops import NeutralDropout
 from .tracer import OpTracer, cpu_copy, tensors
 
 LossFn = Callable[[Any], torch.Tensor]
+NOISE_RUNS = 2  # perturbed reference runs behind the layers' noise floor, for a target with a precision model
 
 
 @dataclass(slots=True)
@@ -94,6 +96,7 @@ def localize(
     source_files: Iterable[str] = (),
     max_record_bytes: int = DEFAULT_RECORD_BYTES,
     call: Callable[[torch.nn.Module, tuple, dict], Any] | None = None,
+    precision: PrecisionModel | None = None,
 ) -> Localization:
     """Compares ``model(*args, **kwargs)`` module by module on the target against the reference.
 
@@ -104,8 +107,12 @@ def localize(
     output's floating-point tensors in pytree order, None where none flowed;
     with neither, only the forward pass is compared. ``tolerance`` is a dtype -> Tolerance function
     (default: the model-scope policy). ``source_files`` are the user's files,
-    preferred when naming an op's source line. Raises ReferenceFailure when
-    the model fails on the reference.
+    preferred when naming an op's source line. ``precision``: the target's
+    precision model (diff.precision); when it names ops, the reference also
+    runs NOISE_RUNS times perturbed by it, and every layer is judged against
+    that noise floor too (a table-computed GELU is within device precision,
+    not the first diverging layer). Raises ReferenceFailure when the model
+    fails on the reference.
     """
     kwargs = dict(kwargs or {})
     args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
@@ -115,11 +122,12 @@ def localize(
     target_device = torch.device(target_device)
     with NeutralDropout():  # dropout off on every side: the comparison must be deterministic
         return _localize(model, args, kwargs, target_device=target_device, reference_device=reference_device,
-                         tol=tol, common=common, files=files, golden=golden, drill=drill, call=call)
+                         tol=tol, common=common, files=files, golden=golden, drill=drill, call=call,
+                         precision=precision)
 
 
 def _localize(model, args, kwargs, *, target_device, reference_device, tol, common, files, golden, drill,
-              call) -> Localization:
+              call, precision) -> Localization:
     result = Localization()
     ref = run_side(model, args, kwargs, device=reference_device, double=False, trace=False, **common)
     if ref.error is not None:
@@ -160,14 +168,22 @@ def _localize(model, args, kwargs, *, target_device, reference_device, tol, comm
             source=(failing.source if failing and failing.source else find_source(exception_frames(tgt.error), frozenset(files))),
         )
 
-    judge = Judge(tolerance=tol)
-    compare_layers(result, ref, tgt, gold, judge, again=again)
+    noisy = Runs()
+    if precision:
+        runs = perturbed_runs(lambda: run_side(model, args, kwargs, device=reference_device, double=False,
+                                               trace=False, **common), precision, runs=NOISE_RUNS)
+        noisy = Runs(r for r in runs if r.error is None and [(c.name, c.call) for c in r.calls] ==
+                     [(c.name, c.call) for c in ref.calls])
+        noisy.reasons = runs.reasons
+    judge = Judge(tolerance=tol, precision=precision if noisy else None)
+    compare_layers(result, ref, tgt, gold, judge, again=again, noisy=noisy)
     if tgt.error is None:
-        result.outputs = judge(tgt.output or [], ref_out, golden=gold.output if gold else None).comparison
+        result.outputs = judge(tgt.output or [], ref_out, golden=gold.output if gold else None,
+                               noise=_noise(noisy, lambda r: r.output or [])).decided
         if ref.param_grads is not None and tgt.param_grads is not None:
             result.gradients = judge(tgt.param_grads, ref.param_grads,
                                      golden=gold.param_grads if gold and gold.param_grads else None,
-                                     path="grad").comparison
+                                     noise=_noise(noisy, lambda r: r.param_grads or {}), path="grad").decided
     if drill and result.target_failure is None:
         first = result.first_forward
         phase, name, call_index = None, None, 0
@@ -187,6 +203,19 @@ def _localize(model, args, kwargs, *, target_device, reference_device, tol, comm
     return result
 
 
+def _noise(noisy: Runs, pick: Callable[[Any], Any]) -> Callable[[], Runs] | None:
+    """The perturbed runs' values of one compared thing, for the judge's noise floor (None without runs)."""
+    if not noisy:
+        return None
+
+    def runs() -> Runs:
+        out = Runs(pick(r) for r in noisy)
+        out.reasons = noisy.reasons
+        return out
+
+    return runs
+
+
 def _same(a: Sequence, b: Sequence) -> bool:
     """Bit for bit (NaN equal to NaN): two reference runs of a deterministic model."""
     return len(a) == len(b) and all(_same_tensor(x, y) for x, y in zip(a, b))
@@ -203,7 +232,7 @@ def _same_tensor(x: torch.Tensor | None, y: torch.Tensor | None) -> bool:
 
 
 def compare_layers(result: Localization, ref: SideRun, tgt: SideRun, gold: SideRun | None, judge: Judge,
-                   again: SideRun | None = None) -> None:
+                   again: SideRun | None = None, noisy: Sequence[SideRun] = ()) -> None:
     """Judges every module call's output (forward) and the gradient into it (backward), in order.
 
     ``again`` is a second reference run: a value it does not reproduce bit for bit (a random op upstream)
@@ -233,7 +262,7 @@ def compare_layers(result: Localization, ref: SideRun, tgt: SideRun, gold: SideR
             break
         g = gold.calls[i] if gold_ok else None
         forward.append(layer_error(r, "forward", r.outputs, t.outputs, g.outputs if g else None, judge,
-                                   random=random(i, "forward")))
+                                   random=random(i, "forward"), noisy=[n.calls[i].outputs for n in noisy]))
     backward: list[LayerError] = []
     have_grads = any(x is not None for c in ref.calls for x in c.grads)
     if have_grads and tgt.error is None:
@@ -243,7 +272,7 @@ def compare_layers(result: Localization, ref: SideRun, tgt: SideRun, gold: SideR
                 continue
             g = gold.calls[i] if gold_ok else None
             backward.append(layer_error(r, "backward", r.grads, t.grads, g.grads if g else None, judge,
-                                        random=random(i, "backward")))
+                                        random=random(i, "backward"), noisy=[n.calls[i].grads for n in noisy]))
     result.layers = forward + backward
     result.first_forward = next((x for x in forward if not x.ok), None)
     if result.first_forward is None:
@@ -259,16 +288,21 @@ def compare_layers(result: Localization, ref: SideRun, tgt: SideRun, gold: SideR
                 result.backward_culprit_call = after.call
 
 
-def layer_error(r: Call, phase: str, rv, tv, gv, judge: Judge, *, random: bool = False) -> LayerError:
-    pairs = [(a, b, (gv[j] if gv is not None and j < len(gv) else None))
-             for j, (a, b) in enumerate(zip(tv, rv)) if a is not None and b is not None]
+def layer_error(r: Call, phase: str, rv, tv, gv, judge: Judge, *, random: bool = False,
+                noisy: Sequence[Sequence] = ()) -> LayerError:
+    kept = [j for j, (a, b) in enumerate(zip(tv, rv)) if a is not None and b is not None]
+    pairs = [(tv[j], rv[j], (gv[j] if gv is not None and j < len(gv) else None)) for j in kept]
+    noise = None
+    if noisy and all(len(n) == len(rv) and all(n[j] is not None for j in kept) for n in noisy):
+        def noise():
+            return [[n[j] for j in kept] for n in noisy]
     if not pairs:
         return LayerError(module=r.name, type=r.type, call=r.call, phase=phase, ok=True, max_abs=0.0,
                           rel_error=0.0, reference_rel_error=math.nan)
     actual = [a for a, _, _ in pairs]
     expected = [b for _, b, _ in pairs]
     golden = [c for _, _, c in pairs] if gv is not None and all(c is not None for _, _, c in pairs) else None
-    verdict = judge(actual, expected, golden=golden, path=r.name)
+    verdict = judge(actual, expected, golden=golden, path=r.name, noise=noise)
     against = golden if golden is not None else expected
     return LayerError(
         module=r.name, type=r.type, call=r.call, phase=phase, ok=random or bool(verdict), random=random,

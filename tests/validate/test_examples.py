@@ -17,20 +17,21 @@ def _line_of(path: str, marker: str) -> int:
         return next(i for i, line in enumerate(f, 1) if marker in line)
 
 
-def test_tiny_gpt_is_ready_with_a_gelu_table_warning(validate):
+def test_tiny_gpt_under_the_default_profile_is_ready_within_device_precision(validate):
+    """GELU from the activation tables differs from the CPU by design: within the noise floor of perturbed
+    reference runs, so neither a layer nor the curves are flagged (the band comes from those runs)."""
     run = validate(example("tiny_gpt.py"))
     assert run.returncode == 0, run.stderr
     r = run.report
-    assert r["verdict"] == "ready with warnings" and r["script"]["convention"] == "training"
-    (numerics,) = run.findings("numerics", "warning")
-    assert numerics["data"]["op"] == "aten::gelu" and numerics["data"]["culprit"] == "blocks.0.mlp.1"
-    assert numerics["data"]["explained_by"] == "activation tables"
-    assert numerics["where"].startswith("examples/tiny_gpt.py:") or "tiny_gpt.py:" in numerics["where"]
-    assert r["curves"]["ok"] and r["curves"]["steps"] == 30
+    assert r["verdict"] == "ready" and r["script"]["convention"] == "training", run.stdout
+    (numerics,) = run.findings("numerics", "info")
+    assert "within device precision" in numerics["title"]
+    assert r["curves"]["ok"] and r["curves"]["steps"] == 30 and r["curves"]["perturbed_runs"] == 2
+    assert len(r["curves"]["bands"]) == 30
     assert run.findings("runs", "info") and run.findings("speed")
-    assert not run.findings(severity="error")
+    assert not run.findings(severity="error") and not run.findings(severity="warning")
     # the terminal summary ends with the verdict and the report paths
-    assert "READY WITH WARNINGS" in run.stdout and "report.html" in run.stdout
+    assert "verdict: READY" in run.stdout and "report.html" in run.stdout
 
 
 def test_tiny_gpt_under_exact_is_ready(validate):
@@ -110,7 +111,7 @@ def test_reports_are_complete_and_self_contained(validate):
     assert len(r["script"]["sha256"]) == 64 and r["command"][0] == "neuron-validate"
     html = open(os.path.join(run.out, "report.html")).read()
     assert html.count("<svg") >= 2 and "src=\"http" not in html and "<link" not in html
-    assert "READY WITH WARNINGS" in html and "aten::gelu" in html
+    assert "READY" in html and "within device precision" in html
     for name in ("loss_curves.png", "loss_curves.svg", "layers.png", "layers.svg"):
         assert os.path.getsize(os.path.join(run.out, name)) > 1000
 
