@@ -155,7 +155,8 @@ class Judge:
         # explains passes without a golden run or a rerun (what a zoo case with the noise floor may cost).
         floor = None
         if self.precision and noise is not None and self.rule == "values":
-            floor = noise_floor(actual, expected, noise(), self.precision, path=path)
+            floor = noise_floor(actual, expected, noise(), self.precision, path=path,
+                                only={m.path for m in result.mismatches})
             if floor is not None:
                 judgement.noise, judgement.precision = floor, self.precision
                 if floor.within and not floor.inconclusive:
