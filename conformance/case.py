@@ -16,7 +16,8 @@ from typing import Any
 
 # op: an OpInfo op x dtype x direction; model: a zoo configuration; script: a migration check of a user's
 # script; script-side: one side of such a check (never stored); survey: does a zoo entry build on the CPU.
-CASE_KINDS = ("op", "model", "script", "script-side", "survey")
+# distributed: a collective or a parallelism setup on N ranks.
+CASE_KINDS = ("op", "model", "script", "script-side", "survey", "distributed")
 
 
 def canonical_json(value: Any) -> str:

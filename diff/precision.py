@@ -172,6 +172,10 @@ def model_from_profile(profile) -> PrecisionModel:
     if profile.integer_matmul_fp32:
         ops += [OpPrecision(pattern=p, rel=FP32_U, where="outputs", reason="integer matmul in fp32", values="int")
                 for p in ("aten::mm", "aten::bmm", "aten::addmm", "aten::mv", "aten::dot", "aten::matmul")]
+    if profile.collective_dtype and profile.collective_dtype != "float32":
+        unit = BF16_U if profile.collective_dtype == "bfloat16" else FP16_U
+        ops.append(OpPrecision(pattern="c10d::*", rel=unit, where="outputs",
+                               reason=f"collectives reduce in {profile.collective_dtype}"))
     if profile.stochastic_rounding and not any(e.pattern == "aten::*" for e in ops):
         ops.append(OpPrecision(pattern="aten::*", rel=u, where="outputs", reason="stochastic rounding"))
     return PrecisionModel(name=f"neuron profile {profile.name}", ops=tuple(ops), source=f"emulator profile {profile.name}")
@@ -240,24 +244,7 @@ class PerturbMode:
         met = self.met
 
         def perturb(entry: OpPrecision):
-            def one(t):
-                if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.numel() == 0:
-                    return t
-                if t.is_floating_point():
-                    x = t.detach().double()
-                    noise = smooth_noise if entry.noise == "smooth" else value_noise
-                    out = x * (1 + entry.rel * noise(x, seed))
-                    if entry.abs:
-                        out = out + entry.abs * noise(x, seed + 1, absolute=True)
-                    return out.to(t.dtype)
-                if not t.is_complex() and t.dtype != torch.bool and entry.where == "outputs":
-                    wide = t.to(torch.int64)
-                    big = wide.abs() > 2**24
-                    if bool(big.any()):
-                        return torch.where(big, wide.to(torch.float32).to(torch.int64), wide).to(t.dtype)
-                return t
-
-            return one
+            return lambda t: perturb_tensor(t, entry, seed)
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -287,6 +274,39 @@ class PerturbMode:
 
     def __exit__(self, *exc) -> None:
         self._mode.__exit__(*exc)
+
+
+def perturb_tensor(t, entry: OpPrecision, seed: int):
+    """``t`` as the device may compute it under ``entry`` (a fresh tensor; anything else is returned as is):
+    floating values x * (1 + rel * r) + abs * s, r and s from the entry's noise; integers of ops computed in
+    floating point rounded through float32 beyond 2^24."""
+    import torch
+
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.numel() == 0:
+        return t
+    if t.is_floating_point():
+        x = t.detach().double()
+        noise = smooth_noise if entry.noise == "smooth" else value_noise
+        out = x * (1 + entry.rel * noise(x, seed))
+        if entry.abs:
+            out = out + entry.abs * noise(x, seed + 1, absolute=True)
+        return out.to(t.dtype)
+    if not t.is_complex() and t.dtype != torch.bool and entry.where == "outputs":
+        wide = t.to(torch.int64)
+        big = wide.abs() > 2**24
+        if bool(big.any()):
+            return torch.where(big, wide.to(torch.float32).to(torch.int64), wide).to(t.dtype)
+    return t
+
+
+def perturbed_values(value: Any, entry: OpPrecision, *, seed: int = 0, runs: int = RUNS) -> "Runs":
+    """``runs`` copies of a computed value as the device may return it under ``entry``: the noise floor of a
+    result the dispatch mode cannot see being computed (a collective's, computed by the process group)."""
+    from torch.utils._pytree import tree_map
+
+    out = Runs(tree_map(lambda t: perturb_tensor(t, entry, seed * 1_000_003 + k), value) for k in range(runs))
+    out.reasons = (entry.reason or entry.pattern,)
+    return out
 
 
 class Runs(list):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import os
+import random
 import threading
 import time
 
@@ -99,6 +100,11 @@ def register(profile: str | NumericsProfile | None = None, faults: str | list[Fa
             )
             _registered = True
             atexit.register(_let_autograd_threads_settle)
+            _register_record_stream()
+            if torch.distributed.is_available():
+                from . import process_group
+
+                process_group.register()
             set_profile(profile if profile is not None else os.environ.get(PROFILE_ENV))
             set_faults(faults if faults is not None else os.environ.get(FAULTS_ENV, ""))
             return
@@ -106,6 +112,19 @@ def register(profile: str | NumericsProfile | None = None, faults: str | list[Fa
         set_profile(profile)
     if faults is not None:
         set_faults(faults)
+
+
+_stream_library = None
+
+
+def _register_record_stream() -> None:
+    """``Tensor.record_stream`` on the device: a no-op, as on any device whose streams run in order on the
+    host (FSDP2 and DDP call it to keep a buffer alive until a stream is done with it)."""
+    global _stream_library
+    import torch
+
+    _stream_library = torch.library.Library("aten", "IMPL")
+    _stream_library.impl("record_stream", lambda self, stream: None, "PrivateUse1")
 
 
 def _let_autograd_threads_settle() -> None:
@@ -172,19 +191,20 @@ def set_faults(faults: str | list[Fault] | None) -> list[Fault]:
 
     _require_registered()
     parsed = parse_faults(faults) if isinstance(faults, str) or faults is None else list(faults)
-    if parsed:
-        torch.ops.neuron_emulator.mirror_ops_matching([f.op for f in parsed])
-    active = torch.ops.neuron_emulator.set_faults(
-        [FAULT_KIND_CODES[f.kind] for f in parsed],
-        [f.op for f in parsed],
-        [float(f.rel) for f in parsed],
-        [f.phase for f in parsed],
-        [c10_dtype_name(f.dtype) for f in parsed],
-        [float(f.probability) for f in parsed],
-        [f.mode for f in parsed],
-    )
+    kernel = [f for f in parsed if not f.collective]  # collectives' faults live in the process group
+    if kernel:
+        torch.ops.neuron_emulator.mirror_ops_matching([f.op for f in kernel])
+    active = iter(torch.ops.neuron_emulator.set_faults(
+        [FAULT_KIND_CODES[f.kind] for f in kernel],
+        [f.op for f in kernel],
+        [float(f.rel) for f in kernel],
+        [f.phase for f in kernel],
+        [c10_dtype_name(f.dtype) for f in kernel],
+        [float(f.probability) for f in kernel],
+        [f.mode for f in kernel],
+    ))
     _faults = parsed
-    _active_faults = list(active)
+    _active_faults = [random.random() < f.probability if f.collective else next(active) for f in parsed]
     _break_host_kernels([f for f, on in zip(parsed, _active_faults) if on and f.host])
     return [f for f, on in zip(parsed, _active_faults) if on]
 

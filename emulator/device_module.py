@@ -139,3 +139,51 @@ def get_fallback_ops() -> list[str]:
 
 def clear_op_tracking() -> None:
     _api().clear_tracking()
+
+
+# ---------------------------------------------------------------- streams and events
+# The generic torch.Stream / torch.Event of the device (its C++ guard keeps a current stream per device;
+# work runs in order on the host, so an event is complete once recorded). FSDP2 and DDP reach these
+# through torch.get_device_module("neuron"), as they reach torch.cuda's.
+def _stream_device(device=None) -> torch.device:
+    if device is None:
+        return torch.device("neuron", current_device())
+    device = torch.device(device) if not isinstance(device, int) else torch.device("neuron", device)
+    return device if device.index is not None else torch.device("neuron", current_device())
+
+
+def Stream(device=None, priority: int = 0, **kwargs) -> torch.Stream:  # noqa: N802 - torch.cuda.Stream's name
+    return torch.Stream(device=_stream_device(device), priority=priority)
+
+
+def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:  # noqa: N802
+    return torch.Event(device="neuron", enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+
+
+def current_stream(device=None) -> torch.Stream:
+    return torch.accelerator.current_stream(_stream_device(device))
+
+
+def default_stream(device=None) -> torch.Stream:
+    return torch.Stream(device=_stream_device(device))
+
+
+def set_stream(stream: torch.Stream) -> None:
+    torch.accelerator.set_stream(stream)
+
+
+class stream:  # noqa: N801 - torch.cuda.stream's name
+    """Makes ``s`` the current stream inside the block (None: no change), as torch.cuda.stream does."""
+
+    def __init__(self, s: torch.Stream | None) -> None:
+        self.stream, self.previous = s, None
+
+    def __enter__(self):
+        if self.stream is not None:
+            self.previous = current_stream(self.stream.device)
+            set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            set_stream(self.previous)

@@ -21,7 +21,17 @@ them) or through :func:`emulator.set_faults`::
     crash@aten::sort,host=1              the host's own (CPU) kernel crashes too: a bug in a library
                                          both sides share, which the reference cannot survive either
 
-Keys: ``rel`` (perturb), ``mb`` (hog), ``mode`` (any | eager | compile: only in eager code, or only
+Collectives of the ``neuron`` process group (process_group.py) are named ``c10d::allreduce``,
+``c10d::reduce``, ``c10d::reduce_scatter``, ``c10d::broadcast``, ``c10d::all_gather``, ``c10d::gather``,
+``c10d::scatter``, ``c10d::all_to_all``, ``c10d::send``, ``c10d::recv`` and ``c10d::barrier``:
+
+    drop@c10d::allreduce,rank=1          rank 1's contribution is zeros (default: the last rank)
+    wrong_op@c10d::reduce_scatter        reduces with MAX instead of SUM (any other op: SUM)
+    stale@c10d::all_gather               the output buffer is left as it was
+    perturb@c10d::allreduce,rel=0.01     results scaled by (1 + rel)
+    hang@c10d::allreduce,rank=0          the collective never returns on rank 0
+
+Keys: ``rel`` (perturb), ``mb`` (hog), ``rank`` (collectives: only on that rank), ``mode`` (any | eager | compile: only in eager code, or only
 inside graphs ``torch.compile(backend="neuron")`` built: a compiler's bug), ``host`` (crash, abort, hang: 1 breaks the
 CPU kernel of that exact op too), ``phase`` (any | forward | backward), ``dtype``
 (only when an input has this dtype, e.g. ``float32``), ``p`` (probability
@@ -48,6 +58,9 @@ FAULT_KINDS = {
     "abort": 8,
     "hog": 9,
 }
+# Faults of the process group alone (never handed to the device's kernels).
+COLLECTIVE_KINDS = ("drop", "wrong_op", "stale")
+COLLECTIVE_PREFIX = "c10d::"
 PHASES = ("any", "forward", "backward")
 MODES = ("any", "eager", "compile")
 HOST_KINDS = ("crash", "abort", "hang")
@@ -67,10 +80,16 @@ class Fault:
     probability: float = 1.0
     host: bool = False
     mode: str = "any"
+    rank: int = -1  # collectives: the one rank it applies to (-1: every rank; drop: the last)
+
+    @property
+    def collective(self) -> bool:
+        """A fault of the process group (``c10d::...``), not of the device's kernels."""
+        return self.op.startswith(COLLECTIVE_PREFIX)
 
     def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            close = difflib.get_close_matches(self.kind, list(FAULT_KINDS), n=2)
+        if self.kind not in FAULT_KINDS and self.kind not in COLLECTIVE_KINDS:
+            close = difflib.get_close_matches(self.kind, [*FAULT_KINDS, *COLLECTIVE_KINDS], n=2)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise FaultSpecError(f"kind={self.kind!r} (type=str): unknown fault kind{hint}")
         if self.phase not in PHASES:
@@ -81,6 +100,9 @@ class Fault:
             raise FaultSpecError(f"p={self.probability!r} (type=float): must lie in [0, 1]")
         if not self.op:
             raise FaultSpecError("op='' (type=str): a fault needs an op name or glob, e.g. aten::tanh")
+        if self.kind in COLLECTIVE_KINDS and not self.collective:
+            raise FaultSpecError(f"{self.kind}@{self.op}: a {self.kind} fault breaks a collective; name one as "
+                                 "c10d::allreduce, c10d::all_gather, ...")
         if self.host and (self.kind not in HOST_KINDS or any(c in self.op for c in "*?[")):
             raise FaultSpecError(f"host=1 with {self.kind}@{self.op}: only {', '.join(HOST_KINDS)} of one exact op "
                                  "(e.g. crash@aten::sort) can break the host's kernel")
@@ -99,6 +121,8 @@ class Fault:
             parts.append("host=1")
         if self.mode != "any":
             parts.append(f"mode={self.mode}")
+        if self.rank >= 0:
+            parts.append(f"rank={self.rank}")
         return ",".join(parts)
 
 
@@ -181,13 +205,17 @@ def parse_faults(spec: str | None) -> list[Fault]:
                 if value not in ("0", "1"):
                     raise FaultSpecError(f"host={value!r} (type=str) in {chunk!r}: expected 0 or 1")
                 fields["host"] = value == "1"
+            elif key == "rank":
+                if not value.isdigit():
+                    raise FaultSpecError(f"rank={value!r} (type=str) in {chunk!r}: expected a rank number")
+                fields["rank"] = int(value)
             elif key in ("rel", "p", "mb"):
                 try:
                     fields["probability" if key == "p" else "rel"] = float(value)
                 except ValueError:
                     raise FaultSpecError(f"{key}={value!r} (type=str) in {chunk!r}: expected a number") from None
             else:
-                raise FaultSpecError(f"unknown fault option {key!r} in {chunk!r} (known: rel, mb, phase, mode, dtype, p, host)")
+                raise FaultSpecError(f"unknown fault option {key!r} in {chunk!r} (known: rel, mb, phase, mode, dtype, p, host, rank)")
         faults.append(Fault(**fields))
     return faults
 

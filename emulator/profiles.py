@@ -94,6 +94,9 @@ class NumericsProfile:
     rerun_failed_kernels_on_host: bool = False
     fallback_ops: tuple[str, ...] = ()
     unsupported_ops: tuple[str, ...] = ()
+    # The dtype collectives reduce in ("" : the tensors' own): what a reduction adds and returns is rounded
+    # to it (bf16 all-reduce and reduce-scatter under --auto-cast all).
+    collective_dtype: str = ""
 
     def __post_init__(self) -> None:
         if self.auto_cast not in AUTO_CAST_MODES:
@@ -104,6 +107,9 @@ class NumericsProfile:
             raise ProfileError(
                 f"auto_cast_type={self.auto_cast_type!r} (type=str): expected one of {', '.join(AUTO_CAST_TYPES)}"
             )
+        if self.collective_dtype not in ("", "bfloat16", "float16", "float32"):
+            raise ProfileError(f"collective_dtype={self.collective_dtype!r} (type=str): expected '', bfloat16, "
+                               "float16 or float32")
         if self.activation_knots_per_unit < 1:
             raise ProfileError(f"activation_knots_per_unit={self.activation_knots_per_unit!r} (type=int): must be >= 1")
 
@@ -118,6 +124,7 @@ class NumericsProfile:
             and not self.compile_downcast_64bit
             and not self.fallback_ops
             and not self.unsupported_ops
+            and not self.collective_dtype
         )
 
     def to_dict(self) -> dict:
@@ -174,8 +181,10 @@ def _matmult_bf16() -> NumericsProfile:
 def _all_bf16() -> NumericsProfile:
     return _exact().replace(
         name="all-bf16",
-        description="--auto-cast all: every FP32 operation's inputs and outputs rounded to BF16.",
+        description="--auto-cast all: every FP32 operation's inputs and outputs rounded to BF16, collectives "
+                    "reduce in BF16.",
         auto_cast="all",
+        collective_dtype="bfloat16",
     )
 
 

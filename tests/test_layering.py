@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("results",),
     ("runner",),
     ("op_tests", "model_zoo"),
+    ("distributed",),
     ("validate",),
     ("ci",),
     ("report",),

@@ -1,0 +1,89 @@
+"""Launching a case's ranks with PyTorch's elastic launcher (what ``torchrun`` runs).
+
+:func:`run_ranks` starts ``world_size`` processes of a module-level function
+through ``torch.distributed.launcher.api.elastic_launch`` on a local c10d
+rendezvous, with no restarts, and returns each rank's return value. The
+ranks' output goes to files under ``logs`` (the case's artifacts), not to
+the worker's terminal. A rank that raises or dies raises :class:`RankFailure`
+with the first failing rank's error; a rank that hangs hangs the call, and
+the runner's supervisor times the case out (the ranks are in the worker's
+process group, which the supervisor kills as a whole).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass
+class RankFailure(Exception):
+    """A rank raised or died: ``rank``, its ``message`` (one line), ``signal`` when it was killed."""
+
+    rank: int
+    message: str
+    signal: str = ""
+
+    def __str__(self) -> str:
+        return f"rank {self.rank}: {self.message}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args, logs: str | None = None,
+              env: dict[str, str] | None = None) -> list[Any]:
+    """``fn(*args)`` on ranks 0..world_size-1 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set); their results."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    logs = logs or tempfile.mkdtemp(prefix="neuron_validate_ranks_")
+    os.makedirs(logs, exist_ok=True)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex[:12],
+                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
+                          monitor_interval=0.05, start_method="spawn",
+                          logs_specs=DefaultLogsSpecs(log_dir=logs, redirects=Std.ALL, tee=Std.NONE))
+    previous = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        results = elastic_launch(config, fn)(*args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        message = (failure.message or "").strip()
+        if isinstance(failure.message, dict):
+            message = str(failure.message.get("message", "")).strip()
+        signal = failure.signal_name() if failure.exitcode is not None and failure.exitcode < 0 else ""
+        if not message or message.startswith("To enable traceback"):
+            message = _last_error_line(failure.error_file) or (f"killed by {signal}" if signal else
+                                                               f"exited with status {failure.exitcode}")
+        raise RankFailure(rank=rank, message=message.splitlines()[-1][:300], signal=signal) from None
+    finally:
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return [results[rank] for rank in range(world_size)]
+
+
+def _last_error_line(path: str | None) -> str:
+    import json
+
+    if not path or not os.path.exists(path):
+        return ""
+    try:
+        data = json.loads(open(path).read())
+        message = data.get("message", {})
+        if isinstance(message, dict):
+            message = message.get("message", "")
+        return str(message).strip()
+    except (OSError, ValueError):
+        return ""
