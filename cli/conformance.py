@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Modules that add subcommands: each has register(subparsers).
-COMMAND_MODULES: tuple[str, ...] = ("commands_ci", "commands_models", "commands_curves", "commands_scripts")
+COMMAND_MODULES: tuple[str, ...] = ("commands_ci", "commands_models", "commands_curves", "commands_scripts",
+                                    "commands_distributed")
 _EXTRA_COMMANDS: list = []
 
 

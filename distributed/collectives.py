@@ -99,11 +99,16 @@ def _uneven(n: int, sender: int, receiver: int) -> int:
     return max(1, n // 2 + sender + 2 * receiver)
 
 
+def _long(x: torch.Tensor, n: int) -> torch.Tensor:
+    """At least ``n`` elements of ``x``'s values, repeated."""
+    return x.reshape(-1).repeat(n // x.numel() + 1)
+
+
 def _all_to_all(x, rank, world, group, device):
     import torch.distributed as dist
 
-    flat = x.reshape(-1).repeat(2 * world + 2)
     sizes_out = [_uneven(x.numel(), rank, j) for j in range(world)]
+    flat = _long(x, sum(sizes_out))
     inputs = list(flat[: sum(sizes_out)].split(sizes_out))
     outputs = [torch.empty(_uneven(x.numel(), j, rank), dtype=x.dtype, device=device) for j in range(world)]
     if device.type == "cpu":  # gloo's list all_to_all takes equal sizes only: the reference goes flat
@@ -117,8 +122,8 @@ def _all_to_all(x, rank, world, group, device):
 def _all_to_all_single(x, rank, world, group, device):
     import torch.distributed as dist
 
-    flat = x.reshape(-1).repeat(2 * world + 2)
     in_splits = [_uneven(x.numel(), rank, j) for j in range(world)]
+    flat = _long(x, sum(in_splits))
     out_splits = [_uneven(x.numel(), j, rank) for j in range(world)]
     source = flat[: sum(in_splits)].clone()
     out = torch.empty(sum(out_splits), dtype=x.dtype, device=device)

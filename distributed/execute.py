@@ -20,7 +20,6 @@ from runner.executors import Executor
 
 from .launch import RankFailure, run_ranks
 
-SUITES = ("collectives", "ddp", "fsdp2")
 # The worst first: what a case's outcome is when its samples disagree.
 SEVERITY = (Status.CRASH, Status.MISMATCH, Status.ERROR, Status.UNSUPPORTED, Status.INCONCLUSIVE, Status.SKIP)
 

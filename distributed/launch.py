@@ -57,9 +57,10 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args, logs: str | None =
         results = elastic_launch(config, fn)(*args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
-        message = (failure.message or "").strip()
-        if isinstance(failure.message, dict):
-            message = str(failure.message.get("message", "")).strip()
+        message = failure.message
+        if isinstance(message, dict):
+            message = message.get("message", "")
+        message = str(message or "").strip()
         signal = failure.signal_name() if failure.exitcode is not None and failure.exitcode < 0 else ""
         if not message or message.startswith("To enable traceback"):
             message = _last_error_line(failure.error_file) or (f"killed by {signal}" if signal else

@@ -1,0 +1,70 @@
+"""``neuron-conformance distributed``: collectives and parallelism setups on N ranks of the target.
+
+    neuron-conformance distributed --target neuron --world-size 2,4
+                                   [--suite collectives,ddp,fsdp2,fsdp2-keep] [--filter GLOB] [--steps K]
+
+Each case launches its ranks with PyTorch's elastic launcher (the machinery of
+``torchrun``) on the target's process-group backend; a rank that hangs is the
+case's ``timeout`` and a rank that dies its ``crash``, and the run goes on.
+Results are stored as kind ``distributed``, so the gate and the dashboard see
+them like any other case.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+from .common import UsageError, apply_environment
+
+DEFAULT_TIMEOUT = 300.0
+
+
+def _split(text: str | None) -> list[str]:
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def cmd_distributed(args) -> int:
+    apply_environment(args)
+    from distributed.collectives import COLLECTIVES
+    from distributed.execute import distributed_case
+    from distributed.parity import MODELS, SETUPS
+
+    from .conformance import _run
+
+    try:
+        worlds = [int(w) for w in _split(args.world_size)]
+    except ValueError:
+        raise UsageError(f"--world-size {args.world_size!r}: expected comma-separated integers, e.g. 2,4") from None
+    if not worlds or any(w < 2 for w in worlds):
+        raise UsageError(f"--world-size {args.world_size!r}: every world size must be at least 2")
+    suites = _split(args.suite) or ["collectives", *SETUPS]
+    known = ("collectives", *SETUPS)
+    for suite in suites:
+        if suite not in known:
+            raise UsageError(f"--suite {suite!r}: unknown suite (suites: {', '.join(known)})")
+    if args.steps < 1:
+        raise UsageError(f"--steps {args.steps}: must be at least 1")
+    patterns = _split(args.filter)
+    cases = []
+    for world in worlds:
+        for suite in suites:
+            names = list(COLLECTIVES) if suite == "collectives" else list(MODELS)
+            chosen = [n for n in names if not patterns or any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+            cases += [distributed_case(suite, n, world, steps=0 if suite == "collectives" else args.steps)
+                      for n in chosen]
+    if not cases:
+        raise UsageError(f"--filter {args.filter!r} selects nothing (collectives: {', '.join(COLLECTIVES)}; "
+                         f"models: {', '.join(MODELS)})")
+    return _run(args, cases, kind_label="distributed", timeout=DEFAULT_TIMEOUT, group="family")
+
+
+def register(sub) -> None:
+    from .conformance import add_suite_options
+
+    p = sub.add_parser("distributed", help="collectives, DDP and FSDP2 on N ranks of the target")
+    add_suite_options(p)
+    p.add_argument("--world-size", default="2", metavar="N[,N...]", help="ranks per case (default 2)")
+    p.add_argument("--suite", default="", help="comma-separated: collectives, ddp, fsdp2, fsdp2-keep (default all)")
+    p.add_argument("--filter", default="", help="comma-separated globs over collective or model names")
+    p.add_argument("--steps", type=int, default=3, help="training steps of the parity setups (default 3)")
+    p.set_defaults(func=cmd_distributed)

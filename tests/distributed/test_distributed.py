@@ -1,0 +1,78 @@
+"""Distributed conformance on the emulated device's ``neuron`` process group, through the real CLI.
+
+Every case launches real rank processes (PyTorch's elastic launcher) and
+compares with gloo on the CPU or with one CPU process; faults are injected
+into the process group (emulator/faults.py) and must be caught by the
+comparison alone, with the right outcome.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import run_cli
+
+EXACT = {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact"}
+
+
+def _run(tmp, *args, faults: str = "", env: dict | None = None) -> dict[str, dict]:
+    jsonl = tmp / "out.jsonl"
+    result = run_cli("neuron-conformance", "distributed", "--results", str(tmp / "results"), "--jsonl", str(jsonl),
+                     "-j", "2", *args, env={**EXACT, **(env or {}), "NEURON_VALIDATE_FAULTS": faults})
+    assert result.returncode in (0, 1), result.stderr[-3000:]
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    return {f"{r['case']['family']}:{r['case']['name']}:{r['case']['mode']}": r["outcome"] for r in rows}
+
+
+def test_every_collective_matches_gloo_on_two_ranks(tmp_path):
+    outcomes = _run(tmp_path, "--world-size", "2", "--suite", "collectives")
+    assert len(outcomes) >= 15
+    for key, outcome in outcomes.items():
+        assert outcome["status"] == "pass", (key, outcome["message"])
+        assert "match gloo on the CPU" in outcome["message"]
+
+
+def test_collectives_on_four_ranks(tmp_path):
+    outcomes = _run(tmp_path, "--world-size", "4", "--suite", "collectives",
+                    "--filter", "all_reduce.sum,reduce_scatter_tensor.avg,all_to_all_single,send_recv")
+    assert len(outcomes) == 4
+    for key, outcome in outcomes.items():
+        assert outcome["status"] == "pass", (key, outcome["message"])
+        assert "on 4 ranks" in outcome["message"]
+
+
+def test_collective_faults_are_caught_and_a_hang_is_a_timeout(tmp_path):
+    faults = ("drop@c10d::allreduce;wrong_op@c10d::reduce_scatter;stale@c10d::all_gather;"
+              "hang@c10d::broadcast,rank=1")
+    outcomes = _run(tmp_path, "--world-size", "2", "--suite", "collectives", "--timeout", "25", "--filter",
+                    "all_reduce.sum,reduce_scatter_tensor.sum,all_gather_into_tensor,broadcast,send_recv",
+                    faults=faults)
+    status = {key.split(":")[1]: o["status"] for key, o in outcomes.items()}
+    assert status == {"all_reduce.sum": "mismatch", "reduce_scatter_tensor.sum": "mismatch",
+                      "all_gather_into_tensor": "mismatch", "broadcast": "timeout", "send_recv": "pass"}, status
+
+
+def test_ddp_and_fsdp2_match_one_cpu_process_and_a_dropped_rank_is_caught(tmp_path):
+    # DDP averages gradients with all-reduce; FSDP2 reduce-scatters them: one fault breaks one setup only.
+    outcomes = _run(tmp_path, "--world-size", "2", "--suite", "ddp,fsdp2", "--filter", "hf/gpt2*", "--steps", "2",
+                    faults="drop@c10d::allreduce")
+    by_suite = {key.split(":")[0]: o for key, o in outcomes.items()}
+    assert by_suite["fsdp2"]["status"] == "pass", by_suite["fsdp2"]["message"]
+    assert "match one CPU process" in by_suite["fsdp2"]["message"]
+    assert by_suite["ddp"]["status"] == "mismatch", by_suite["ddp"]["message"]
+
+
+def test_fsdp2_with_a_wrong_reduce_op_is_caught(tmp_path):
+    outcomes = _run(tmp_path / "f", "--world-size", "2", "--suite", "ddp,fsdp2-keep", "--filter", "world/rssm",
+                    "--steps", "2", faults="wrong_op@c10d::reduce_scatter")
+    by_suite = {key.split(":")[0]: o for key, o in outcomes.items()}
+    assert by_suite["ddp"]["status"] == "pass", by_suite["ddp"]["message"]
+    assert by_suite["fsdp2-keep"]["status"] == "mismatch", by_suite["fsdp2-keep"]["message"]
+
+
+def test_bad_options_are_one_line_errors(tmp_path):
+    for args, text in ((("--world-size", "1"), "at least 2"), (("--world-size", "two"), "comma-separated integers"),
+                       (("--suite", "tp9"), "unknown suite"), (("--filter", "nothing*"), "selects nothing")):
+        result = run_cli("neuron-conformance", "distributed", "--results", str(tmp_path / "r"), *args)
+        assert result.returncode == 2 and text in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
