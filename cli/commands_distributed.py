@@ -1,7 +1,7 @@
 """``neuron-conformance distributed``: collectives and parallelism setups on N ranks of the target.
 
     neuron-conformance distributed --target neuron --world-size 2,4
-                                   [--suite collectives,ddp,fsdp2,fsdp2-keep] [--filter GLOB] [--steps K]
+                                   [--suite collectives,ddp,fsdp2,fsdp2-keep,tp] [--filter GLOB] [--steps K]
 
 Each case launches its ranks with PyTorch's elastic launcher (the machinery of
 ``torchrun``) on the target's process-group backend; a rank that hangs is the
@@ -27,7 +27,7 @@ def cmd_distributed(args) -> int:
     apply_environment(args)
     from distributed.collectives import COLLECTIVES
     from distributed.execute import distributed_case
-    from distributed.parity import MODELS, SETUPS
+    from distributed.parity import SETUPS, models_for
 
     from .conformance import _run
 
@@ -48,23 +48,23 @@ def cmd_distributed(args) -> int:
     cases = []
     for world in worlds:
         for suite in suites:
-            names = list(COLLECTIVES) if suite == "collectives" else list(MODELS)
+            names = list(COLLECTIVES) if suite == "collectives" else list(models_for(suite))
             chosen = [n for n in names if not patterns or any(fnmatch.fnmatchcase(n, p) for p in patterns)]
             cases += [distributed_case(suite, n, world, steps=0 if suite == "collectives" else args.steps)
                       for n in chosen]
     if not cases:
         raise UsageError(f"--filter {args.filter!r} selects nothing (collectives: {', '.join(COLLECTIVES)}; "
-                         f"models: {', '.join(MODELS)})")
+                         f"models: {', '.join(sorted({m for s in SETUPS for m in models_for(s)}))})")
     return _run(args, cases, kind_label="distributed", timeout=DEFAULT_TIMEOUT, group="family")
 
 
 def register(sub) -> None:
     from .conformance import add_suite_options
 
-    p = sub.add_parser("distributed", help="collectives, DDP and FSDP2 on N ranks of the target")
+    p = sub.add_parser("distributed", help="collectives, DDP, FSDP2 and tensor parallelism on N ranks of the target")
     add_suite_options(p)
     p.add_argument("--world-size", default="2", metavar="N[,N...]", help="ranks per case (default 2)")
-    p.add_argument("--suite", default="", help="comma-separated: collectives, ddp, fsdp2, fsdp2-keep (default all)")
+    p.add_argument("--suite", default="", help="comma-separated: collectives, ddp, fsdp2, fsdp2-keep, tp (default all)")
     p.add_argument("--filter", default="", help="comma-separated globs over collective or model names")
     p.add_argument("--steps", type=int, default=3, help="training steps of the parity setups (default 3)")
     p.set_defaults(func=cmd_distributed)

@@ -7,7 +7,10 @@ weights) and trains it with the zoo's optimizer; rank ``r`` takes batch
 - ``ddp``: ``DistributedDataParallel`` (gradients averaged by all-reduce);
 - ``fsdp2``: ``fully_shard`` on every block (:func:`shard_units`), then the
   root (parameters and gradients sharded, all-gathered and reduce-scattered);
-  ``fsdp2-keep`` the same with ``reshard_after_forward=False``.
+  ``fsdp2-keep`` the same with ``reshard_after_forward=False``;
+- ``tp``: tensor parallelism (``ColwiseParallel`` then ``RowwiseParallel`` on
+  every block's MLP, DTensor underneath) of a tiny transformer; its ranks
+  share each step's batch.
 
 The reference is one CPU process doing what the ranks do together: each
 step, the gradient of every rank's batch, averaged, then one optimizer step.
@@ -25,14 +28,42 @@ from typing import Any
 import torch
 
 MODELS = ("hf/gpt2:causal_lm", "world/rssm")  # the tiny GPT and the world model
-SETUPS = ("ddp", "fsdp2", "fsdp2-keep")
+TP_MODELS = ("flex/causal_lm",)  # a tiny transformer of nn.Linear layers (tensor parallelism shards those)
+SETUPS = ("ddp", "fsdp2", "fsdp2-keep", "tp")
 DEFAULT_STEPS = 3
+
+
+def models_for(setup: str) -> tuple[str, ...]:
+    return TP_MODELS if setup == "tp" else MODELS
+
+
+def data_ranks(setup: str, world: int) -> int:
+    """How many different batches a step takes: one per rank for data parallelism, one for tensor parallelism
+    (its ranks share the batch and split the layers)."""
+    return 1 if setup == "tp" else world
 
 
 def _config(name: str, seed: int, steps: int):
     from model_zoo import ModelConfig
 
-    return ModelConfig(arch=name, mode="steps", steps=steps or DEFAULT_STEPS, seed=seed)
+    attn = "sdpa" if name.startswith("flex/") else "default"  # FlexAttention has no CPU backward
+    return ModelConfig(arch=name, mode="steps", steps=steps or DEFAULT_STEPS, seed=seed, attn=attn)
+
+
+def _tensor_parallel(model: torch.nn.Module, mesh) -> torch.nn.Module:
+    """Megatron-style MLP sharding of every block: the first Linear by columns, the second by rows."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Sequential):
+            linears = [n for n, m in module.named_children() if isinstance(m, torch.nn.Linear)]
+            if len(linears) == 2:
+                plan[f"{name}.{linears[0]}"] = ColwiseParallel()
+                plan[f"{name}.{linears[1]}"] = RowwiseParallel()
+    if not plan:
+        raise ValueError(f"{type(model).__name__} has no two-Linear MLP to shard")
+    return parallelize_module(model, mesh, plan)
 
 
 def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -86,18 +117,22 @@ def rank_main(setup: str, name: str, seed: int, steps: int, target_spec: str,
             from torch.nn.parallel import DistributedDataParallel
 
             runner = DistributedDataParallel(model)
-        elif setup in ("fsdp2", "fsdp2-keep"):
+        elif setup in ("fsdp2", "fsdp2-keep", "tp"):
             from torch.distributed.device_mesh import init_device_mesh
 
             mesh = init_device_mesh(target.device.type, (world,))
-            runner = _shard(model, setup == "fsdp2", mesh)
+            runner = _tensor_parallel(model, mesh) if setup == "tp" else _shard(model, setup == "fsdp2", mesh)
         else:
             raise ValueError(f"setup={setup!r} (type=str): expected one of {', '.join(SETUPS)}")
         optimizer = built.optimizer_factory(runner.parameters())
+        if setup == "tp":  # sharded (DTensor) and plain parameters: the foreach kernels take one kind at a time
+            for group in optimizer.param_groups:
+                group["foreach"] = False
         seed_everything(seed)
         losses = []
+        data = data_ranks(setup, world)
         for step in range(built.config.steps):
-            inputs = _to(built.make_batch(step * world + rank), target.device)
+            inputs = _to(built.make_batch(step * data + rank % data), target.device)
             optimizer.zero_grad(set_to_none=True)
             loss = built.loss_fn(runner(**inputs), inputs)
             loss.backward()
@@ -134,6 +169,7 @@ def reference_run(setup: str, name: str, seed: int, steps: int, world: int, dtyp
     optimizer = built.optimizer_factory(model.parameters())
     seed_everything(seed)
     losses = []
+    world = data_ranks(setup, world)
     with default_dtype(dtype):
         for step in range(built.config.steps):
             optimizer.zero_grad(set_to_none=True)
@@ -165,7 +201,8 @@ def judge_parity(case, ranks: list[dict], target):
     if any(d != target.device.type for d in first["devices"]):
         return Outcome(case_id=case.id, status=Status.MISMATCH,
                        message=f"parameters on {', '.join(first['devices'])}, not {target.device.type}")
-    losses = [sum(r["losses"][s] for r in ranks) / world for s in range(len(first["losses"]))]
+    data = data_ranks(setup, world)
+    losses = [sum(r["losses"][s] for r in ranks[:data]) / data for s in range(len(first["losses"]))]
     actual = {"loss": torch.tensor(losses, dtype=torch.float64), "grads": first["grads"], "params": first["params"]}
 
     def side(dtype=None):

@@ -52,14 +52,16 @@ def test_collective_faults_are_caught_and_a_hang_is_a_timeout(tmp_path):
                       "all_gather_into_tensor": "mismatch", "broadcast": "timeout", "send_recv": "pass"}, status
 
 
-def test_ddp_and_fsdp2_match_one_cpu_process_and_a_dropped_rank_is_caught(tmp_path):
-    # DDP averages gradients with all-reduce; FSDP2 reduce-scatters them: one fault breaks one setup only.
-    outcomes = _run(tmp_path, "--world-size", "2", "--suite", "ddp,fsdp2", "--filter", "hf/gpt2*", "--steps", "2",
-                    faults="drop@c10d::allreduce")
+def test_parallelism_matches_one_cpu_process_and_a_dropped_rank_is_caught(tmp_path):
+    # DDP averages gradients and TP's row-wise layers sum outputs with all-reduce; FSDP2 reduce-scatters:
+    # one fault breaks the setups that use that collective, and only those.
+    outcomes = _run(tmp_path, "--world-size", "2", "--suite", "ddp,fsdp2,tp", "--filter", "hf/gpt2*,flex/*",
+                    "--steps", "2", faults="drop@c10d::allreduce")
     by_suite = {key.split(":")[0]: o for key, o in outcomes.items()}
     assert by_suite["fsdp2"]["status"] == "pass", by_suite["fsdp2"]["message"]
     assert "match one CPU process" in by_suite["fsdp2"]["message"]
     assert by_suite["ddp"]["status"] == "mismatch", by_suite["ddp"]["message"]
+    assert by_suite["tp"]["status"] == "mismatch", by_suite["tp"]["message"]
 
 
 def test_fsdp2_with_a_wrong_reduce_op_is_caught(tmp_path):
