@@ -160,6 +160,23 @@ class Target:
     def compiles(self) -> bool:
         return self.spec.mode == "compile"
 
+    @property
+    def own_random_stream(self):
+        """The device module whose generator draws the target's random numbers, when they differ from the
+        CPU's for the same seed (a real accelerator; the emulated device under a profile with its own
+        stream); None when they match the CPU's draws."""
+        import torch
+
+        if self.kind == "cpu":
+            return None
+        if self.is_emulated:
+            import emulator
+
+            if not emulator.profile().independent_rng:
+                return None
+        module = getattr(torch, self.spec.device, None)
+        return module if module is not None and hasattr(module, "get_rng_state") else None
+
     def synchronize(self) -> None:
         import torch
 

@@ -292,10 +292,9 @@ def perturb_tensor(t, entry: OpPrecision, seed: int):
             out = out + entry.abs * noise(x, seed + 1, absolute=True)
         return out.to(t.dtype)
     if not t.is_complex() and t.dtype != torch.bool and entry.where == "outputs":
-        wide = t.to(torch.int64)
-        big = wide.abs() > 2**24
-        if bool(big.any()):
-            return torch.where(big, wide.to(torch.float32).to(torch.int64), wide).to(t.dtype)
+        big = t.to(torch.int64).abs() > 2**24
+        if bool(big.any()):  # as the device casts its float32 result back (out of range: saturated)
+            return torch.where(big, t.to(torch.float32).round().to(t.dtype), t)
     return t
 
 

@@ -28,7 +28,7 @@ namespace neuron_emu {
 namespace {
 
 // ---------------------------------------------------------------- op plans
-enum class ArgRole : uint8_t { Other, Matmul, IntegerFp32 };
+enum class ArgRole : uint8_t { Other, Matmul, IntegerFp32, IntegerScalar };
 
 struct Plan {
   uint64_t generation = 0;
@@ -176,6 +176,8 @@ Plan& plan_for(const c10::OperatorHandle& op) {
       any_matmul = true;
     } else if (plan->integer_fp32 && an != "index" && args[i].type()->kind() == c10::TypeKind::TensorType) {
       plan->role[i] = ArgRole::IntegerFp32;
+    } else if (plan->integer_fp32 && (an == "alpha" || an == "beta")) {
+      plan->role[i] = ArgRole::IntegerScalar;
     }
   }
   if (plan->integer_fp32)
@@ -364,6 +366,14 @@ std::vector<std::pair<at::Tensor, at::Tensor>> apply_integer_fp32(const Plan& pl
     if (plan.mutable_arg[i]) writeback.emplace_back(t, f);
     iv = f;
   }
+  // An integer op takes its scalars as integers (PyTorch truncates alpha=0.2 to 0 for int tensors): the
+  // float kernel must see the same values.
+  if (int_dtype)
+    for (size_t i = 0; i < plan.role.size(); ++i) {
+      auto& iv = stack[first + i];
+      if (plan.role[i] == ArgRole::IntegerScalar && iv.isDouble())
+        iv = c10::IValue(static_cast<int64_t>(iv.toDouble()));
+    }
   return writeback;
 }
 
@@ -533,6 +543,19 @@ void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (plan.generator_arg >= 0 && (*stack)[first + plan.generator_arg].isNone())
     (*stack)[first + plan.generator_arg] = cpu_generator_of(default_generator(ctx.index));
 
+  // Keep the CPU aliases of mutated arguments to carry changes back (before the numerics below replace an
+  // integer argument by its float copy: the changes go back through the integer alias).
+  std::vector<at::Tensor> mutated_alias(nargs);
+  std::vector<std::vector<at::Tensor>> mutated_alias_lists(nargs);
+  for (size_t i = 0; i < nargs; ++i) {
+    if (!plan.mutable_arg[i]) continue;
+    const auto& iv = (*stack)[first + i];
+    if (iv.isTensor())
+      mutated_alias[i] = iv.toTensor();
+    else if (iv.isTensorList())
+      for (const at::Tensor& t : iv.toTensorList()) mutated_alias_lists[i].push_back(t);
+  }
+
   // Numerics of the device, before the kernel.
   std::vector<std::pair<at::Tensor, at::Tensor>> int_writeback;
   c10::optional<at::ScalarType> int_dtype;
@@ -551,18 +574,6 @@ void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         for (size_t i = 0; i < nfun && i < nargs; ++i) activation_args.push_back((*stack)[first + i]);
       }
     }
-  }
-
-  // Keep the CPU aliases of mutated arguments to carry changes back.
-  std::vector<at::Tensor> mutated_alias(nargs);
-  std::vector<std::vector<at::Tensor>> mutated_alias_lists(nargs);
-  for (size_t i = 0; i < nargs; ++i) {
-    if (!plan.mutable_arg[i]) continue;
-    const auto& iv = (*stack)[first + i];
-    if (iv.isTensor())
-      mutated_alias[i] = iv.toTensor();
-    else if (iv.isTensorList())
-      for (const at::Tensor& t : iv.toTensorList()) mutated_alias_lists[i].push_back(t);
   }
 
   if (plan.redirect) {
