@@ -131,17 +131,15 @@ def cmd_curves(args) -> int:
                               f"{_one_line(exc)}", highlight=False)
                 console.print("verdict: [bold red]DIVERGE[/] (the target did not train)")
                 return EXIT_FINDINGS
-    from diff.curves import NOISE_RUNS
+    from diff.curves import NOISE_RUNS, curve_precision
     from diff.precision import model_for, perturbed_runs
 
     precision = model_for(target)
-    perturbed: list = []
-    if precision:
-        console.print(f"  band: {NOISE_RUNS} reference trainings perturbed as the device's precision allows "
-                      f"({precision.summary})", highlight=False)
-        perturbed = perturbed_runs(lambda: train_curve(built.model, device=reference.device,
-                                                       label="perturbed reference", **common),
-                                   precision, runs=NOISE_RUNS, seed=args.seed)
+    console.print(f"  band: {NOISE_RUNS} reference trainings perturbed as the device's precision allows "
+                  f"({curve_precision(precision).summary})", highlight=False)
+    perturbed = perturbed_runs(lambda: train_curve(built.model, device=reference.device,
+                                                   label="perturbed reference", **common),
+                               curve_precision(precision), runs=NOISE_RUNS, seed=args.seed)
     comparison = compare_curves(curves["reference"], curves["target"], tolerance, perturbed)
     paths = plot_curves(comparison, out / "loss_curves", title=f"{args.model} on {target.describe()}")
     record = {"model": args.model, "config": (built.config or config).to_dict(), "comparison": comparison.to_dict(),

@@ -52,6 +52,8 @@ def build_parser() -> OneLineParser:
                    help="steps allowed outside the band (default: 10%% of the steps, at least 1)")
     g.add_argument("--timeout", type=float, default=900.0, help="seconds per child process (default 900)")
     g.add_argument("--no-localize", action="store_true", help="skip the layer-by-layer comparison")
+    g.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="run a torchrun-style training script on N ranks per side (default 1)")
     o = p.add_argument_group("output")
     o.add_argument("--out", default=None, metavar="DIR", help=f"report folder (default: {DEFAULT_OUT}/SCRIPT_NAME)")
     o.add_argument("--json", action="store_true", help="print report.json to stdout instead of the summary")
@@ -175,7 +177,13 @@ def cmd_validate(args) -> int:
     reference, target = resolve_targets(args)
     tolerance = CurveTolerance(**{k: v for k, v in (("rtol", args.rtol), ("max_failing_steps", args.max_failing_steps))
                                   if v is not None})
+    if args.nproc < 1:
+        raise UsageError(f"--nproc {args.nproc}: must be at least 1")
+    if args.nproc > 1 and script.convention != "training":
+        raise UsageError(f"--nproc {args.nproc}: ranks run an unchanged (torchrun-style) training script; "
+                         f"{script.display} follows the {script.convention} convention")
     options = ValidateOptions(
+        nproc=args.nproc,
         script=script, target=target_spec, reference=args.reference, mode=mode, steps=args.steps,
         steps_given=args.steps is not None, seed=args.seed, out=out, script_args=tuple(args.script_args),
         timeout_s=args.timeout, backend_modules=tuple(args.backend_module), localize=not args.no_localize,

@@ -372,6 +372,7 @@ class NoiseFloor:
     bits_expected: float  # significant bits the perturbed runs keep (worst tensor)
     condition: float  # relative spread / unit roundoff: how much the computation amplifies rounding
     worst: str = ""  # the path of the tensor that decided
+    nonfinite: bool = False  # inf or NaN on one side where the other has a number: not a matter of precision
     runs: int = 0
     reasons: str = ""  # the model's reasons that the perturbed runs met (the ops they perturbed)
 
@@ -381,6 +382,9 @@ class NoiseFloor:
             return (f"inconclusive: the reference itself keeps {max(self.bits_expected, 0):.0f} significant bits "
                     f"under the device's precision ({reasons}); condition estimate {self.condition:.3g} at "
                     f"{self.worst}")
+        if self.nonfinite and not self.within:
+            return (f"not a matter of precision: inf or NaN at {self.worst} where the other side has a number "
+                    f"(an input outside the range the device's {reasons} cover?)")
         word = "within" if self.within else "beyond"
         return (f"{word} device precision ({reasons}): {max(self.bits_kept, 0):.0f} of "
                 f"{self.bits_expected:.0f} expected bits agree at {self.worst} ({self.runs} perturbed reference runs)")
@@ -435,6 +439,7 @@ def noise_floor(actual: Any, expected: Any, runs: list, model: PrecisionModel, *
         finite = torch.isfinite(ev) & torch.isfinite(av)
         if not bool((torch.isfinite(ev) == torch.isfinite(av)).all()):
             result.within = False  # infinities or NaN where the other has a number: not a matter of precision
+            result.nonfinite = True
             result.worst = names[i]
             continue
         spreads = []
@@ -466,6 +471,8 @@ def noise_floor(actual: Any, expected: Any, runs: list, model: PrecisionModel, *
         margin = _bits(rel_dev) - (1000.0 if failing else 0.0)  # the least accurate tensor, a failing one first
         if failing:
             result.within = False
+        if result.nonfinite:
+            continue  # the non-finite tensor decides the message
         if (worst_margin is None or margin < worst_margin) and (not result.inconclusive or failing):
             worst_margin = margin
             result.bits_kept, result.bits_expected = _bits(rel_dev), _bits(rel_spread)

@@ -39,6 +39,7 @@ class ChildSpec:
     # losses widen the band of the curves (diff.curves). The model as PrecisionModel.to_dict().
     perturb_seed: int | None = None
     precision: dict | None = None
+    nproc: int = 1  # ranks of a torchrun-style script on this side (validate.execute launches them)
 
     def to_config(self) -> dict:
         data = asdict(self)

@@ -152,6 +152,8 @@ def execute_side(case: Case, ctx) -> Outcome:
             from .functions import observe
 
             observations = observe(spec, progress)
+        elif spec.nproc > 1:
+            observations = observe_ranks(spec, progress)
         else:
             from .training import observe
 
@@ -161,6 +163,46 @@ def execute_side(case: Case, ctx) -> Outcome:
                 observations[spec.side]["outputs"] = files
     return Outcome(case_id=case.id, status=Status.PASS, message=f"{spec.side} side observed",
                    evidence={"observations": json_ready(observations)})
+
+
+def _observe_rank(config: dict) -> dict:
+    """One rank of a torchrun-style script's side (in a process of PyTorch's elastic launcher)."""
+    from .training import observe
+
+    spec = ChildSpec.from_config(config)
+    rank = os.environ.get("RANK", "0")
+    with _own_working_directory(os.path.join(spec.out, f"rank{rank}")):
+        return json_ready(observe(spec, lambda **event: None))
+
+
+def observe_ranks(spec: ChildSpec, progress) -> dict:
+    """A side of ``--nproc N``: the script on N ranks (RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous set,
+    as torchrun sets them); rank 0's observations, with the loss curve averaged over the ranks (each rank's
+    loss is its own batch's)."""
+    from distributed.launch import RankFailure, run_ranks
+
+    progress(side=spec.side, phase=f"run on {spec.nproc} ranks")
+    try:
+        ranks = run_ranks(_observe_rank, spec.nproc, spec.to_config(), logs=os.path.join(spec.out, "ranks"))
+    except RankFailure as failure:
+        return {"convention": "training", "notes": [], "side": spec.side,
+                spec.side: {"ran": False, "error": {"type": failure.message.split(":")[0], "message": str(failure),
+                                                    "source": None, "phase": "run", "import_error": False}}}
+    observations = ranks[0]
+    curves = [(r.get(spec.side) or {}).get("curve") for r in ranks]
+    side = observations.get(spec.side) or {}
+    if all(curves) and len({len(c["losses"]) for c in curves}) == 1:
+        losses = [sum(c["losses"][k] if c["losses"][k] is not None else float("nan") for c in curves) / len(curves)
+                  for k in range(len(curves[0]["losses"]))]
+        side["curve"] = {**curves[0], "losses": losses}
+    for r, other in enumerate(ranks[1:], start=1):
+        error = (other.get(spec.side) or {}).get("error")
+        if error and not side.get("error"):
+            side["error"] = {**error, "message": f"rank {r}: {error.get('message', '')}"}
+            side["ran"] = False
+    observations.setdefault("notes", []).append(
+        f"{spec.nproc} ranks on this side: the loss curve is the mean of the ranks' losses; layers are not compared")
+    return observations
 
 
 def execute_script(case: Case, ctx) -> Outcome:

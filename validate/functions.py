@@ -136,7 +136,7 @@ def _observe(spec: ChildSpec, result: dict, progress) -> None:
 
     from conformance.target import TargetError, resolve_target
     from diff.curves import NOISE_RUNS as CURVE_NOISE_RUNS
-    from diff.curves import train_curve
+    from diff.curves import curve_precision, train_curve
     from diff.precision import model_for, perturbed_runs
 
     path = spec.script
@@ -243,12 +243,11 @@ def _observe(spec: ChildSpec, result: dict, progress) -> None:
             curve = train_curve(model, device=reference.device, label=reference.describe(),
                                 on_step=on_step("reference"), **common)
             ref_side.curve = curve.to_dict()
-            precision = model_for(target)
-            if precision:  # the band of the curves from reference trainings perturbed as the device's precision allows
-                progress(side="reference", phase="perturbed curves")
-                result["perturbed_curves"] = [c.to_dict() for c in perturbed_runs(
-                    lambda: train_curve(model, device=reference.device, label="perturbed reference", **common),
-                    precision, runs=CURVE_NOISE_RUNS, seed=spec.seed)]
+            # the band of the curves: reference trainings perturbed as the device's precision allows
+            progress(side="reference", phase="perturbed curves")
+            result["perturbed_curves"] = [c.to_dict() for c in perturbed_runs(
+                lambda: train_curve(model, device=reference.device, label="perturbed reference", **common),
+                curve_precision(model_for(target)), runs=CURVE_NOISE_RUNS, seed=spec.seed)]
             try:
                 curve = train_curve(model, device=target.device, label=target.describe(), prepare=target.prepare,
                                     synchronize=target.synchronize, on_step=on_step("target"), **common)

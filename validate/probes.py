@@ -128,6 +128,8 @@ def fingerprint(tensors: Iterable[Any]) -> str:
     h = hashlib.sha1()
     for t in tensors:
         if isinstance(t, torch.Tensor):
+            if hasattr(t, "to_local"):  # a DTensor: this rank's shard (gathering it would be a collective)
+                t = t.to_local()
             cpu = t.detach().to("cpu").contiguous()
             h.update(str(cpu.dtype).encode() + str(tuple(cpu.shape)).encode())
             if cpu.numel():

@@ -56,6 +56,7 @@ class ValidateOptions:
     curve_tolerance: CurveTolerance = CurveTolerance()
     rss_limit_mb: int = 0  # 0: no memory cap for the script's processes
     argv: tuple[str, ...] = ()
+    nproc: int = 1  # ranks per side (a torchrun-style training script)
 
 
 @dataclass(kw_only=True)
@@ -84,7 +85,8 @@ def _side_case(options: ValidateOptions, side: str, *, perturb_seed: int | None 
         script=options.script.path, convention=options.script.convention, side=side, target=options.target,
         reference=options.reference, mode=options.mode, steps=options.steps, steps_given=options.steps_given,
         seed=options.seed, out=str(Path(options.out) / "work" / side), script_args=options.script_args,
-        localize=options.localize, backend_modules=options.backend_modules)
+        localize=options.localize and options.nproc == 1, backend_modules=options.backend_modules,
+        nproc=options.nproc)
     return Case(kind="script-side", name=options.script.path, mode=side, config=spec.to_config())
 
 

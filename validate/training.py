@@ -90,11 +90,12 @@ def _script_args(spec: ChildSpec, device: str, device_option: str | None) -> lis
 
 
 def _patch_accelerator_for_cpu(torch) -> None:
-    """The CPU reference: torch.accelerator says there is none and hands out the CPU."""
+    """The CPU reference: torch.accelerator says there is none and hands out the CPU, as one device (a
+    torchrun-style ``LOCAL_RANK % device_count()`` then picks it on every rank)."""
     cpu = torch.device("cpu")
     torch.accelerator.is_available = lambda: False
     torch.accelerator.current_accelerator = lambda check_available=False: None if check_available else cpu
-    torch.accelerator.device_count = lambda: 0
+    torch.accelerator.device_count = lambda: 1
     torch.accelerator.synchronize = lambda device=None: None
 
 
@@ -314,8 +315,9 @@ def observe(spec: ChildSpec, progress) -> dict:
     if spec.side == "target":
         from diff.precision import model_for
 
-        precision = model_for(here)
-        result["precision_model"] = precision.to_dict() if precision else None
+        from diff.curves import curve_precision
+
+        result["precision_model"] = curve_precision(model_for(here)).to_dict()  # the band of the curves
         trace = tracker.trace
         side.extra["fallback_ops"] = list(trace.fallback) if trace else []
         side.extra["executed_ops"] = len(trace.executed) if trace else None

@@ -355,6 +355,14 @@ void apply_autocast_outputs(const Plan& plan, torch::jit::Stack& stack, size_t n
 std::vector<std::pair<at::Tensor, at::Tensor>> apply_integer_fp32(const Plan& plan, torch::jit::Stack& stack,
                                                                   size_t first, c10::optional<at::ScalarType>& int_dtype) {
   std::vector<std::pair<at::Tensor, at::Tensor>> writeback;
+  // Only an integer op computes in FP32: with any floating operand (addr of float32 and int8) PyTorch's
+  // type promotion decides, as on the CPU.
+  for (size_t i = 0; i < plan.role.size(); ++i) {
+    const auto& iv = stack[first + i];
+    if (plan.role[i] == ArgRole::IntegerFp32 && iv.isTensor() && iv.toTensor().defined() &&
+        !at::isIntegralType(iv.toTensor().scalar_type(), /*includeBool=*/true))
+      return writeback;
+  }
   for (size_t i = 0; i < plan.role.size(); ++i) {
     if (plan.role[i] != ArgRole::IntegerFp32) continue;
     auto& iv = stack[first + i];
