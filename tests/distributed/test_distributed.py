@@ -78,3 +78,19 @@ def test_bad_options_are_one_line_errors(tmp_path):
         result = run_cli("neuron-conformance", "distributed", "--results", str(tmp_path / "r"), *args)
         assert result.returncode == 2 and text in result.stderr, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_torchrun_style_fsdp2_script_is_checked_on_two_ranks(tmp_path):
+    clean = run_cli("neuron-validate", "--nproc", "2", "examples/fsdp2_train.py", "--out", str(tmp_path / "clean"),
+                    "--json", "--results", str(tmp_path / "runs"))
+    assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
+    report = json.loads(clean.stdout)
+    assert report["verdict"] == "ready" and report["curves"]["ok"] and report["curves"]["steps"] == 20
+    assert any("2 ranks on this side" in note for note in report["notes"])
+    # A rank's gradients dropped in FSDP2's reduce-scatter: a 0.4% gap after 20 steps, beyond the band.
+    faulty = run_cli("neuron-validate", "--nproc", "2", "examples/fsdp2_train.py", "--out", str(tmp_path / "bad"),
+                     "--json", "--results", str(tmp_path / "runs"),
+                     env={"NEURON_VALIDATE_FAULTS": "drop@c10d::reduce_scatter"})
+    assert faulty.returncode == 1, faulty.stdout[-2000:] + faulty.stderr[-2000:]
+    report = json.loads(faulty.stdout)
+    assert report["verdict"] == "not ready" and not report["curves"]["ok"]

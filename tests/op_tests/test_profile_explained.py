@@ -40,3 +40,28 @@ def test_matmult_bf16_differences_are_matmul_family_and_within_its_precision(tmp
             executed = set(row.outcome.evidence["executed_ops"])
             assert executed & {f"{op}{suffix}" for op in MATRIX_ENGINE_OPS for suffix in ("", ".out")}, (
                 row.case.name, sorted(executed))
+
+
+def test_default_profile_random_draws_and_integer_matmuls_are_not_failed(tmp_path):
+    """Under neuron-2.27 the device draws from its own random stream and computes integer matmuls in FP32.
+
+    Samples that draw (dropout inside attention, random pooling regions) are judged by distribution; integer
+    matmuls in place, with out=, or with float alpha give PyTorch's integer results; a fault is still caught.
+    """
+    ops = ("nn.functional.fractional_max_pool2d", "nn.functional.scaled_dot_product_attention", "mv", "addmv",
+           "addr")
+    cases = op_cases(OpSelection(patterns=ops, dtypes=("float32", "int64"), directions=("forward",), max_samples=12))
+    env = {"NEURON_VALIDATE_EMULATOR_PROFILE": "neuron-2.27"}
+    with ResultStore.open(tmp_path) as store:
+        run_suite(cases, settings=RunSettings(target="neuron", timeout_s=300, env=env), plugins=[StoreWriter(store)],
+                  build_id="clean", manifest={}, target_label="neuron", jobs=2)
+        run_suite([c for c in cases if c.name == "mv"],
+                  settings=RunSettings(target="neuron", timeout_s=300,
+                                       env={**env, "NEURON_VALIDATE_FAULTS": "perturb@aten::mv,rel=0.01"}),
+                  plugins=[StoreWriter(store)], build_id="faulty", manifest={}, target_label="neuron", jobs=2)
+        clean = list(store.results("clean"))
+        faulty = list(store.results("faulty"))
+    assert {row.case.name for row in clean} >= set(ops)
+    for row in clean:
+        assert row.outcome.status is Status.PASS, (row.case.title, row.outcome.message)
+    assert any(row.outcome.status is Status.MISMATCH for row in faulty), [r.outcome.message for r in faulty]
