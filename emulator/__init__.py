@@ -104,7 +104,7 @@ def register(profile: str | NumericsProfile | None = None, faults: str | list[Fa
             if torch.distributed.is_available():
                 from . import process_group
 
-                process_group.register()
+                process_group.register(active_faults=active_faults, profile=profile)
             set_profile(profile if profile is not None else os.environ.get(PROFILE_ENV))
             set_faults(faults if faults is not None else os.environ.get(FAULTS_ENV, ""))
             return

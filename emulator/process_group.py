@@ -32,6 +32,7 @@ import fnmatch
 import threading
 import time
 from datetime import timedelta
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -51,11 +52,14 @@ ReduceOp = dist.ReduceOp
 
 
 # ---------------------------------------------------------------- faults and numerics
+# The device's state, handed over by emulator.register() (this module never imports its package).
+_active_faults: Callable[[], list] = list
+_profile: Callable[[], Any] | None = None
+
+
 def _fault(collective: str, rank: int, size: int, kinds: tuple[str, ...]):
     """The first installed fault of one of ``kinds`` on ``c10d::<collective>`` that applies to ``rank``."""
-    from . import active_faults
-
-    for fault in active_faults():
+    for fault in _active_faults():
         if fault.kind not in kinds or not fnmatch.fnmatchcase(f"c10d::{collective}", fault.op):
             continue
         target = fault.rank if fault.rank >= 0 else (size - 1 if fault.kind == "drop" else rank)
@@ -65,9 +69,7 @@ def _fault(collective: str, rank: int, size: int, kinds: tuple[str, ...]):
 
 
 def _collective_dtype() -> torch.dtype | None:
-    from . import profile
-
-    name = profile().collective_dtype
+    name = _profile().collective_dtype if _profile is not None else ""
     return getattr(torch, name) if name else None
 
 
@@ -466,9 +468,12 @@ def _create(store, rank, size, timeout):
     return NeuronProcessGroup(store, rank, size, timeout)
 
 
-def register() -> None:
+def register(*, active_faults: Callable[[], list], profile: Callable[[], Any]) -> None:
     """Registers the c10d backend ``neuron`` (idempotent). It serves the CPU too, so that a plain
-    ``backend="neuron"`` group takes CPU tensors (object collectives, CPU barriers) as well."""
+    ``backend="neuron"`` group takes CPU tensors (object collectives, CPU barriers) as well.
+    ``active_faults`` and ``profile``: the device's, read at each collective."""
+    global _active_faults, _profile
+    _active_faults, _profile = active_faults, profile
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=False, devices=["cpu", BACKEND_NAME])

@@ -315,10 +315,18 @@ def observe(spec: ChildSpec, progress) -> dict:
     if spec.side == "target":
         from diff.precision import model_for
 
+        import dataclasses
+
         from diff.curves import curve_precision
 
-        result["precision_model"] = curve_precision(model_for(here)).to_dict()  # the band of the curves
         trace = tracker.trace
+        # The band of the curves: the target's precision, and the random ops it drew from its own stream.
+        drawn = [op.split(".")[0] for op in (trace.executed if trace else ()) if any(m in op for m in RANDOM_OP_MARKERS)]
+        if any("dropout" in op for op in drawn):  # the CPU's dropout draws its mask with bernoulli_
+            drawn += ["aten::bernoulli", "aten::bernoulli_"]
+        own = here.own_random_stream is not None
+        result["precision_model"] = dataclasses.replace(
+            curve_precision(model_for(here)), redraw=tuple(dict.fromkeys(drawn)) if own else ()).to_dict()
         side.extra["fallback_ops"] = list(trace.fallback) if trace else []
         side.extra["executed_ops"] = len(trace.executed) if trace else None
         side.extra["random_ops"] = [op for op in (trace.executed if trace else ())
