@@ -244,10 +244,12 @@ def _observe(spec: ChildSpec, result: dict, progress) -> None:
                                 on_step=on_step("reference"), **common)
             ref_side.curve = curve.to_dict()
             # the band of the curves: reference trainings perturbed as the device's precision allows
-            progress(side="reference", phase="perturbed curves")
-            result["perturbed_curves"] = [c.to_dict() for c in perturbed_runs(
-                lambda: train_curve(model, device=reference.device, label="perturbed reference", **common),
-                curve_precision(model_for(target)), runs=CURVE_NOISE_RUNS, seed=spec.seed)]
+            precision = model_for(target) if spec.localize else curve_precision(model_for(target))
+            if precision:
+                progress(side="reference", phase="perturbed curves")
+                result["perturbed_curves"] = [c.to_dict() for c in perturbed_runs(
+                    lambda: train_curve(model, device=reference.device, label="perturbed reference", **common),
+                    precision, runs=CURVE_NOISE_RUNS, seed=spec.seed)]
             try:
                 curve = train_curve(model, device=target.device, label=target.describe(), prepare=target.prepare,
                                     synchronize=target.synchronize, on_step=on_step("target"), **common)

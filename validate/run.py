@@ -164,10 +164,23 @@ def observe(options: ValidateOptions, on_progress: ProgressFn | None = None) -> 
         data["manifest"] = {"target": tgt_data.get("manifest"), "reference": ref_data.get("manifest")}
         data["notes"] = list(ref_data.get("notes", [])) + list(tgt_data.get("notes", []))
         _check_training_script(options, data)
-        if data.get("precision_model") and ref.get("curve") and data["target"].get("curve"):
-            data["perturbed_curves"] = _perturbed_curves(options, settings, data["precision_model"], progress)
+        model = band_model(data.get("precision_model"), layers_compared=options.localize and options.nproc == 1)
+        if model and ref.get("curve") and data["target"].get("curve"):
+            data["perturbed_curves"] = _perturbed_curves(options, settings, model.to_dict(), progress)
     data["seconds"] = time.monotonic() - start
     return data
+
+
+def band_model(precision: dict | None, *, layers_compared: bool):
+    """The precision model behind the band of the curves, or an empty one (the fixed band): the target's
+    (with the random ops it draws from its own stream); for a target that computes like the CPU, float32
+    rounding only where no layer is compared (``--nproc``, ``--no-localize``), so that the curves are then
+    the check that a wrong collective or kernel cannot pass."""
+    from diff.curves import curve_precision
+    from diff.precision import EXACT, PrecisionModel
+
+    model = PrecisionModel.from_dict(precision) if precision else EXACT
+    return model if model or layers_compared else curve_precision(model)
 
 
 def _perturbed_curves(options: ValidateOptions, settings: RunSettings, precision: dict, progress) -> list[dict]:

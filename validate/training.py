@@ -317,8 +317,6 @@ def observe(spec: ChildSpec, progress) -> dict:
 
         import dataclasses
 
-        from diff.curves import curve_precision
-
         trace = tracker.trace
         # The band of the curves: the target's precision, and the random ops it drew from its own stream.
         drawn = [op.split(".")[0] for op in (trace.executed if trace else ()) if any(m in op for m in RANDOM_OP_MARKERS)]
@@ -326,7 +324,7 @@ def observe(spec: ChildSpec, progress) -> dict:
             drawn += ["aten::bernoulli", "aten::bernoulli_"]
         own = here.own_random_stream is not None
         result["precision_model"] = dataclasses.replace(
-            curve_precision(model_for(here)), redraw=tuple(dict.fromkeys(drawn)) if own else ()).to_dict()
+            model_for(here), redraw=tuple(dict.fromkeys(drawn)) if own else ()).to_dict()
         side.extra["fallback_ops"] = list(trace.fallback) if trace else []
         side.extra["executed_ops"] = len(trace.executed) if trace else None
         side.extra["random_ops"] = [op for op in (trace.executed if trace else ())
