@@ -230,7 +230,7 @@ def test_dashboard_leads_with_the_groups_and_stays_small(buggy_run):
 def test_the_gate_shows_one_group_per_root_cause(tmp_path):
     """Two bugs, each failing several cases across dtypes, directions and families: two groups."""
     results = tmp_path / "results"
-    common = ("--ops", "exp,softmax", "--dtypes", "float32,float16", "--backend-module",
+    common = ("--ops", "exp,softmax", "--dtypes", "float32,float16", "--families", "sizes,layouts", "--backend-module",
               "tests.fixtures.accelerator_bugs", "--results", str(results), "-j", "2")
     env = {"PYTHONPATH": REPO, "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"}
     base = run_cli("neuron-conformance", "ops", *common, "--build", "base", env=env, timeout=900)
@@ -239,7 +239,7 @@ def test_the_gate_shows_one_group_per_root_cause(tmp_path):
                    env={**env, "ACCEL_BUGS": "softmax_tiles,exp_strides"}, timeout=900)
     assert bugs.returncode == 1
     gate = run_cli("neuron-conformance", "gate", "--results", str(results), "--build", "bugs", "--baseline", "base",
-                   env={**env, "ACCEL_BUGS": "softmax_tiles,exp_strides"}, timeout=900)
+                   "--rerun", "1", "-j", "2", env={**env, "ACCEL_BUGS": "softmax_tiles,exp_strides"}, timeout=900)
     assert gate.returncode == 1, gate.stdout[-3000:]
     groups = [line for line in gate.stdout.splitlines() if line.startswith("GROUP ")]
     assert len(groups) == 2, gate.stdout[-3000:]
