@@ -112,6 +112,11 @@ class _Collective:
                 _round(t)
         return tensors
 
+    def copy_back_lists(self, dsts: list[list[torch.Tensor]], srcs: list[list[torch.Tensor]]) -> None:
+        for outs, hosts in zip(dsts, srcs):
+            for dst, src in zip(outs, hosts):
+                self.copy_back(dst, src)
+
     def copy_back(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         if self.stale:
             return
@@ -363,12 +368,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         host_out = [[_host_empty(o) for o in outs] for outs in output_tensors]
         work = self._gloo.allgather(host_out, host_in, opts)
 
-        def finish():
-            for outs, hosts in zip(output_tensors, host_out):
-                for o, h in zip(outs, hosts):
-                    c.copy_back(o, h)
-
-        return NeuronWork(work, finish, output_tensors)
+        return NeuronWork(work, lambda: c.copy_back_lists(output_tensors, host_out), output_tensors)
 
     def all_gather_single(self, output, input, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
@@ -394,12 +394,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         host_out = [[_host_empty(o) for o in outs] for outs in output_tensors]
         work = self._gloo.gather(host_out, host_in, opts)
 
-        def finish():
-            for outs, hosts in zip(output_tensors, host_out):
-                for o, h in zip(outs, hosts):
-                    c.copy_back(o, h)
-
-        return NeuronWork(work, finish, output_tensors)
+        return NeuronWork(work, lambda: c.copy_back_lists(output_tensors, host_out), output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
