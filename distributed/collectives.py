@@ -200,12 +200,35 @@ def samples(collective: Collective) -> list[tuple[str, int]]:
     return [(dtype, size) for dtype in collective.dtypes for size in collective.sizes]
 
 
-def rank_main(name: str, seed: int, target_spec: str, backend_modules: tuple[str, ...] = ()) -> dict[str, Any]:
-    """One rank of a collectives case: every sample on the target's group and on a gloo group on the CPU.
+def compare_samples(samples, target) -> dict[str, Any]:
+    """Each sample run on the CPU reference side, then on the target: ``samples`` yields ``(key, run)`` with
+    ``run(reference: bool)`` returning output tensors. Every rank runs every sample in the same order, so the
+    groups stay in step; after a target failure the later samples are not run (they could hang).
 
-    Returns ``{"dtype/size": {"target": [...], "reference": [...], "devices": [...]}}`` (CPU tensors; the
-    device types the target's outputs were on), or ``{"dtype/size": {"error": "..."}}`` per failing sample.
+    Returns ``{key: {"target": [...], "reference": [...], "devices": [...]}}`` (CPU tensors; the device types
+    of the target's outputs), ``{key: {"skip": ...}}`` where the CPU fails, ``{key: {"error": ...}}``.
     """
+    results: dict[str, Any] = {}
+    for key, run in samples:
+        try:
+            expected = [t.detach().cpu() for t in run(True)]
+        except Exception as exc:  # noqa: BLE001 - the CPU cannot do it: not the target's fault
+            results[key] = {"skip": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+            continue
+        try:
+            actual = run(False)
+            target.synchronize()
+        except Exception as exc:  # noqa: BLE001 - the target's failure is the sample's verdict
+            results[key] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
+                            "error_type": type(exc).__name__}
+            break  # the groups may be out of step now: later samples would hang
+        results[key] = {"target": [t.detach().cpu() for t in actual], "reference": expected,
+                        "devices": sorted({t.device.type for t in actual})}
+    return results
+
+
+def rank_main(name: str, seed: int, target_spec: str, backend_modules: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One rank of a collectives case: every sample on the target's group and on a gloo group on the CPU."""
     import torch.distributed as dist
 
     from conformance.target import resolve_target
@@ -217,25 +240,19 @@ def rank_main(name: str, seed: int, target_spec: str, backend_modules: tuple[str
     reference_group = dist.new_group(backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     collective = COLLECTIVES[name]
-    results: dict[str, Any] = {}
+    cpu = torch.device("cpu")
+
+    def sample(dtype: str, size: int):
+        x = sample_input(collective, dtype, size, seed=seed, rank=rank)
+
+        def run(reference: bool):
+            if reference:
+                return collective.run(x.clone(), rank, world, reference_group, cpu)
+            return collective.run(x.to(target.device), rank, world, None, target.device)
+
+        return f"{dtype}/{size}", run
+
     try:
-        for dtype, size in samples(collective):
-            x = sample_input(collective, dtype, size, seed=seed, rank=rank)
-            key = f"{dtype}/{size}"
-            try:
-                expected = collective.run(x.clone(), rank, world, reference_group, torch.device("cpu"))
-            except Exception as exc:  # noqa: BLE001 - the CPU cannot do it: not the target's fault
-                results[key] = {"skip": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
-                continue
-            try:
-                actual = collective.run(x.to(target.device), rank, world, None, target.device)
-                target.synchronize()
-            except Exception as exc:  # noqa: BLE001 - the target's failure is the sample's verdict
-                results[key] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
-                                "error_type": type(exc).__name__}
-                break  # the groups may be out of step now: later samples would hang
-            results[key] = {"target": [t.detach().cpu() for t in actual], "reference": expected,
-                            "devices": sorted({t.device.type for t in actual})}
+        return compare_samples((sample(dtype, size) for dtype, size in samples(collective)), target)
     finally:
         dist.destroy_process_group()
-    return results

@@ -39,10 +39,8 @@ def execute_distributed_case(case: Case, ctx) -> Outcome:
     logs = str(ctx.artifacts / "ranks" / case.id) if ctx.artifacts is not None else None
     t0 = time.perf_counter()
     try:
-        if suite == "collectives":
-            from .collectives import rank_main
-
-            ranks = run_ranks(rank_main, world, case.name, case.seed, str(target.spec),
+        if suite in SAMPLE_SUITES:
+            ranks = run_ranks(_sample_rank_main(suite), world, case.name, case.seed, str(target.spec),
                               tuple(settings.backend_modules), logs=logs)
         else:
             from .parity import rank_main
@@ -56,8 +54,8 @@ def execute_distributed_case(case: Case, ctx) -> Outcome:
                                  "logs": logs}, timings={"target": time.perf_counter() - t0})
     timings = {"target": time.perf_counter() - t0}
     t0 = time.perf_counter()
-    if suite == "collectives":
-        outcome = judge_collectives(case, ranks, target)
+    if suite in SAMPLE_SUITES:
+        outcome = judge_samples(case, ranks, target)
     else:
         from .parity import judge_parity
 
@@ -68,10 +66,31 @@ def execute_distributed_case(case: Case, ctx) -> Outcome:
     return outcome
 
 
-def judge_collectives(case: Case, ranks: list[dict], target) -> Outcome:
+SAMPLE_SUITES = ("collectives", "dtensor")  # judged sample by sample against the same code on a CPU group
+
+
+def _sample_rank_main(suite: str):
+    if suite == "collectives":
+        from .collectives import rank_main
+    else:
+        from .dtensor import rank_main
+    return rank_main
+
+
+def _precision_op(case: Case) -> str:
+    """The op whose precision entry explains a sample: a DTensor op's ATen op, else the collective."""
+    if case.config["suite"] == "dtensor":
+        from .dtensor import DTENSOR_CASES
+
+        ops = DTENSOR_CASES[case.name].ops
+        return ops[0] if ops else "c10d::redistribute"
+    return f"c10d::{case.name.split('.')[0]}"
+
+
+def judge_samples(case: Case, ranks: list[dict], target) -> Outcome:
     """Every sample of every rank through the judge; the case's verdict is the worst sample's."""
     precision = model_for(target)
-    entry = precision.for_op(f"c10d::{case.name.split('.')[0]}") if precision else None
+    entry = precision.for_op(_precision_op(case)) if precision else None
     verdicts: list[tuple[Status, str]] = []
     compared = 0
     for rank, results in enumerate(ranks):
@@ -120,10 +139,8 @@ def probe_distributed_reference(case: Case, ctx) -> None:
     from conformance.target import resolve_target
 
     world = int(case.config["world_size"])
-    if case.config["suite"] == "collectives":
-        from .collectives import rank_main
-
-        run_ranks(rank_main, world, case.name, case.seed, "cpu", ())
+    if case.config["suite"] in SAMPLE_SUITES:
+        run_ranks(_sample_rank_main(case.config["suite"]), world, case.name, case.seed, "cpu", ())
     else:
         from .parity import rank_main
 

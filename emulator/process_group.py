@@ -112,6 +112,15 @@ class _Collective:
                 _round(t)
         return tensors
 
+    def outgoing(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """What a send puts on the wire: a perturbed send scales it (a send has no result to scale)."""
+        if self.scale != 1.0:
+            with torch.no_grad():
+                for t in tensors:
+                    if t.is_floating_point() or t.is_complex():
+                        t.mul_(self.scale)
+        return tensors
+
     def copy_back_lists(self, dsts: list[list[torch.Tensor]], srcs: list[list[torch.Tensor]]) -> None:
         for outs, hosts in zip(dsts, srcs):
             for dst, src in zip(outs, hosts):
@@ -434,7 +443,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------ point to point, barrier
     def send(self, tensors, dst_rank, tag=0):
         c = _Collective(self, "send")
-        host = c.inputs([_host(t) for t in tensors])  # kept alive by the work until sent
+        host = c.outgoing(c.inputs([_host(t) for t in tensors]))  # kept alive by the work until sent
         return NeuronWork(self._gloo.send(host, dst_rank, tag), None, host)
 
     def recv(self, tensors, src_rank, tag=0):

@@ -47,29 +47,54 @@ def test_collective_faults_are_caught_and_a_hang_is_a_timeout(tmp_path):
 
 
 def test_parallelism_matches_one_cpu_process_and_a_dropped_rank_is_caught(tmp_path):
-    # DDP averages gradients and TP's row-wise layers sum outputs with all-reduce; FSDP2 reduce-scatters:
+    # DDP averages gradients, TP's row-wise layers and sequence-parallel norms reduce with all-reduce, the
+    # pipeline sums its tied embedding's gradients so; FSDP2 reduce-scatters (also in mixed precision):
     # one fault breaks the setups that use that collective, and only those.
-    outcomes = _run(tmp_path, "--world-size", "2", "--suite", "ddp,fsdp2,tp", "--filter", "hf/gpt2*,flex/*",
-                    "--steps", "2", faults="drop@c10d::allreduce")
+    outcomes = _run(tmp_path, "--world-size", "2", "--suite", "ddp,fsdp2,fsdp2-mp,tp,tp-sp,pp",
+                    "--filter", "hf/gpt2*,flex/*", "--steps", "2", faults="drop@c10d::allreduce")
     by_suite = {key.split(":")[0]: o for key, o in outcomes.items()}
-    assert by_suite["fsdp2"]["status"] == "pass", by_suite["fsdp2"]["message"]
-    assert "match one CPU process" in by_suite["fsdp2"]["message"]
-    assert by_suite["ddp"]["status"] == "mismatch", by_suite["ddp"]["message"]
-    assert by_suite["tp"]["status"] == "mismatch", by_suite["tp"]["message"]
+    for suite in ("fsdp2", "fsdp2-mp"):
+        assert by_suite[suite]["status"] == "pass", by_suite[suite]["message"]
+        assert "match one CPU process" in by_suite[suite]["message"]
+    for suite in ("ddp", "tp", "tp-sp", "pp"):
+        assert by_suite[suite]["status"] == "mismatch", (suite, by_suite[suite]["message"])
 
 
-def test_a_wrong_reduce_scatter_breaks_fsdp2_only(tmp_path):
-    outcomes = _run(tmp_path / "f", "--world-size", "2", "--suite", "ddp,fsdp2-keep,tp", "--filter",
+def test_a_wrong_reduce_scatter_breaks_fsdp2_and_sequence_parallelism_only(tmp_path):
+    outcomes = _run(tmp_path / "f", "--world-size", "2", "--suite", "ddp,fsdp2-keep,tp,tp-sp,pp", "--filter",
                     "world/rssm,flex/*", "--steps", "2", faults="wrong_op@c10d::reduce_scatter")
     by_suite = {key.split(":")[0]: o for key, o in outcomes.items()}
-    assert by_suite["ddp"]["status"] == "pass", by_suite["ddp"]["message"]
-    assert by_suite["tp"]["status"] == "pass", by_suite["tp"]["message"]
-    assert by_suite["fsdp2-keep"]["status"] == "mismatch", by_suite["fsdp2-keep"]["message"]
+    for suite in ("ddp", "tp", "pp"):
+        assert by_suite[suite]["status"] == "pass", (suite, by_suite[suite]["message"])
+    for suite in ("fsdp2-keep", "tp-sp"):  # row-wise layers scatter their output over the sequence in tp-sp
+        assert by_suite[suite]["status"] == "mismatch", (suite, by_suite[suite]["message"])
+
+
+def test_two_dimensional_mesh_and_four_pipeline_stages_match_on_four_ranks(tmp_path):
+    outcomes = _run(tmp_path, "--world-size", "4", "--suite", "fsdp2-tp,pp,dtensor", "--filter",
+                    "flex/*,redistribute2d.partial-shard0.*", "--steps", "2")
+    assert sorted(k.split(":")[0] for k in outcomes) == ["dtensor", "fsdp2-tp", "pp"], list(outcomes)
+    for key, outcome in outcomes.items():
+        assert outcome["status"] == "pass", (key, outcome["message"])
+        assert "on 4 ranks" in outcome["message"]
+
+
+def test_device_op_faults_and_a_wrong_reduction_are_caught_in_dtensor_and_ddp(tmp_path):
+    # A 1% error in the world model's Linear layers is far outside the float64 golden band of DDP parity;
+    # DTensor's partial-to-shard redistribution reduce-scatters; its row-wise matmul computes with aten::mm.
+    outcomes = _run(tmp_path, "--world-size", "2", "--suite", "ddp,dtensor", "--filter",
+                    "world/rssm,redistribute.partial.shard0,redistribute.shard0.shard1,op.mm.rowwise",
+                    "--steps", "2",
+                    faults="perturb@aten::addmm,rel=0.01;perturb@aten::mm,rel=0.01;wrong_op@c10d::reduce_scatter")
+    status = {key.split(":")[1]: o["status"] for key, o in outcomes.items()}
+    assert status == {"world/rssm": "mismatch", "redistribute.partial.shard0": "mismatch",
+                      "op.mm.rowwise": "mismatch", "redistribute.shard0.shard1": "pass"}, status
 
 
 def test_bad_options_are_one_line_errors(tmp_path):
     for args, text in ((("--world-size", "1"), "at least 2"), (("--world-size", "two"), "comma-separated integers"),
-                       (("--suite", "tp9"), "unknown suite"), (("--filter", "nothing*"), "selects nothing")):
+                       (("--suite", "tp9"), "unknown suite"), (("--filter", "nothing*"), "selects nothing"),
+                       (("--suite", "fsdp2-tp"), "needs at least 4 ranks")):
         result = run_cli("neuron-conformance", "distributed", "--results", str(tmp_path / "r"), *args)
         assert result.returncode == 2 and text in result.stderr, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
