@@ -160,6 +160,55 @@ def _barrier(x, rank, world, group, device):
     return [x.clone()]
 
 
+def _in_buffer(run):
+    """The collective on a view at an offset inside a larger buffer, which comes back whole: a backend that
+    ignores the storage offset, or writes past the view, shows in the buffer's other elements."""
+    def in_buffer(x, rank, world, group, device):
+        buffer = torch.full((x.numel() + 5,), 7, dtype=x.dtype, device=device)
+        view = buffer[2: 2 + x.numel()]
+        view.copy_(x)
+        outputs = run(view, rank, world, group, device, out_of=view)
+        return [buffer, *outputs]
+
+    return in_buffer
+
+
+def _all_reduce_in_place(x, rank, world, group, device, out_of=None):
+    import torch.distributed as dist
+
+    dist.all_reduce(x, group=group)
+    return []
+
+
+def _broadcast_in_place(x, rank, world, group, device, out_of=None):
+    import torch.distributed as dist
+
+    if rank != 0:
+        x.zero_()
+    dist.broadcast(x, src=0, group=group)
+    return []
+
+
+def _all_gather_into_view(x, rank, world, group, device, out_of=None):
+    import torch.distributed as dist
+
+    out = torch.full((world * x.numel() + 3,), 5, dtype=x.dtype, device=device)
+    dist.all_gather_into_tensor(out[1: 1 + world * x.numel()], x, group=group)
+    return [out]
+
+
+def _overlapped(x, rank, world, group, device):
+    """Three async all-reduces in flight at once, waited for in reverse order: a backend that mixes up its
+    outstanding works, or completes a wait before its result is written, shows here."""
+    import torch.distributed as dist
+
+    tensors = [x * (i + 1) for i in range(3)]
+    works = [dist.all_reduce(t, group=group, async_op=True) for t in tensors]
+    for work in reversed(works):
+        work.wait()
+    return tensors
+
+
 def _suite() -> dict[str, Collective]:
     cases = [Collective(name=f"all_reduce.{op}", run=_all_reduce(op), fault_name="allreduce")
              for op in ("sum", "max", "min")]
@@ -179,6 +228,13 @@ def _suite() -> dict[str, Collective]:
         Collective(name="broadcast", run=_broadcast, fault_name="broadcast"),
         Collective(name="send_recv", run=_send_recv, fault_name="send"),
         Collective(name="barrier", run=_barrier, dtypes=("float32",), sizes=(1,), fault_name="barrier"),
+        Collective(name="all_reduce.overlapped", run=_overlapped, fault_name="allreduce"),
+        Collective(name="all_reduce.view", run=_in_buffer(_all_reduce_in_place), sizes=(1, 129),
+                   fault_name="allreduce"),
+        Collective(name="broadcast.view", run=_in_buffer(_broadcast_in_place), sizes=(1, 129),
+                   fault_name="broadcast"),
+        Collective(name="all_gather_into_tensor.view", run=_in_buffer(_all_gather_into_view), sizes=(1, 129),
+                   fault_name="all_gather"),
     ]
     return {c.name: c for c in cases}
 

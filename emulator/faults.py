@@ -28,6 +28,8 @@ Collectives of the ``neuron`` process group (process_group.py) are named ``c10d:
     drop@c10d::allreduce,rank=1          rank 1's contribution is zeros (default: the last rank)
     wrong_op@c10d::reduce_scatter        reduces with MAX instead of SUM (any other op: SUM)
     stale@c10d::all_gather               the output buffer is left as it was
+    offset@c10d::allreduce               the result is written at the start of the output's storage,
+                                         ignoring a view's offset
     perturb@c10d::allreduce,rel=0.01     results scaled by (1 + rel)
     hang@c10d::allreduce,rank=0          the collective never returns on rank 0
 
@@ -59,7 +61,7 @@ FAULT_KINDS = {
     "hog": 9,
 }
 # Faults of the process group alone (never handed to the device's kernels).
-COLLECTIVE_KINDS = ("drop", "wrong_op", "stale")
+COLLECTIVE_KINDS = ("drop", "wrong_op", "stale", "offset")
 COLLECTIVE_PREFIX = "c10d::"
 PHASES = ("any", "forward", "backward")
 MODES = ("any", "eager", "compile")

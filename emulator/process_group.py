@@ -21,7 +21,8 @@ The numerics profile applies: a profile's ``collective_dtype`` (bf16 under
 Faults (faults.py) on ops named ``c10d::<collective>`` break collectives on
 purpose: ``drop`` (one rank's contribution is zeros), ``wrong_op`` (a SUM
 reduces with MAX, any other op with SUM), ``stale`` (the output buffer is
-left as it was), ``perturb`` (results scaled by 1 + rel) and ``hang`` (the
+left as it was), ``offset`` (the result lands at the start of the output's
+storage, as if a view had no offset), ``perturb`` (results scaled by 1 + rel) and ``hang`` (the
 collective never returns). ``rank=R`` limits a fault to one rank (``drop``
 defaults to the last one).
 """
@@ -95,6 +96,7 @@ class _Collective:
         self.drop = _fault(name, rank, size, ("drop",)) is not None
         self.wrong_op = _fault(name, rank, size, ("wrong_op",)) is not None
         self.stale = _fault(name, rank, size, ("stale",)) is not None
+        self.offset = _fault(name, rank, size, ("offset",)) is not None
         perturb = _fault(name, rank, size, ("perturb",))
         self.scale = 1.0 + perturb.rel if perturb is not None else 1.0
 
@@ -134,6 +136,8 @@ class _Collective:
         with torch.no_grad():
             if self.scale != 1.0 and (src.is_floating_point() or src.is_complex()):
                 src = src * self.scale
+            if self.offset and dst.storage_offset():  # the view's offset ignored: its storage's start written
+                dst = dst.as_strided(dst.shape, dst.stride(), 0)
             if dst is not src:
                 dst.copy_(src)
 

@@ -36,14 +36,16 @@ def test_collectives_match_gloo_on_two_and_four_ranks(tmp_path):
 
 
 def test_collective_faults_are_caught_and_a_hang_is_a_timeout(tmp_path):
-    faults = ("drop@c10d::allreduce;wrong_op@c10d::reduce_scatter;stale@c10d::all_gather;"
+    # The offset fault writes a result at the start of its storage: only a view at an offset shows it.
+    faults = ("drop@c10d::allreduce;wrong_op@c10d::reduce_scatter;offset@c10d::all_gather;stale@c10d::all_to_all;"
               "hang@c10d::broadcast,rank=1")
     outcomes = _run(tmp_path, "--world-size", "2", "--suite", "collectives", "--timeout", "25", "--filter",
-                    "all_reduce.sum,reduce_scatter_tensor.sum,all_gather_into_tensor,broadcast,send_recv",
-                    faults=faults)
+                    "all_reduce.sum,reduce_scatter_tensor.sum,all_gather_into_tensor*,all_to_all_single,broadcast,"
+                    "send_recv", faults=faults)
     status = {key.split(":")[1]: o["status"] for key, o in outcomes.items()}
     assert status == {"all_reduce.sum": "mismatch", "reduce_scatter_tensor.sum": "mismatch",
-                      "all_gather_into_tensor": "mismatch", "broadcast": "timeout", "send_recv": "pass"}, status
+                      "all_gather_into_tensor": "pass", "all_gather_into_tensor.view": "mismatch",
+                      "all_to_all_single": "mismatch", "broadcast": "timeout", "send_recv": "pass"}, status
 
 
 def test_parallelism_matches_one_cpu_process_and_a_dropped_rank_is_caught(tmp_path):
