@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from conformance.case import Case
 from conformance.outcome import Outcome, Status
 from diff.judge import Judge, classify_error
@@ -92,7 +94,7 @@ def judge_samples(case: Case, ranks: list[dict], target) -> Outcome:
     precision = model_for(target)
     entry = precision.for_op(_precision_op(case)) if precision else None
     verdicts: list[tuple[Status, str]] = []
-    compared = 0
+    compared = identical = 0
     for rank, results in enumerate(ranks):
         for key, result in results.items():
             where = f"rank {rank}, {key.replace('/', ' x ')}"
@@ -113,17 +115,18 @@ def judge_samples(case: Case, ranks: list[dict], target) -> Outcome:
                             noise=(lambda r=result["reference"]: perturbed_values(r, entry, seed=seed))
                             if entry is not None else None)
             compared += 1
+            identical += _bit_for_bit(result["target"], result["reference"])
             if not verdict:
                 verdicts.append((verdict.status, f"{where}: {verdict.message}"))
             elif verdict.within_precision:
                 verdicts.append((Status.PASS, f"{where} ({dtype}): {verdict.message}"))
     failing = [v for v in verdicts if v[0] is not Status.PASS]
-    evidence: dict[str, Any] = {"samples": compared, "findings": [m for _, m in failing[:20]]}
+    evidence: dict[str, Any] = {"samples": compared, "bit_for_bit": identical, "findings": [m for _, m in failing[:20]]}
     if precision:
         evidence["precision_model"] = precision.to_dict()
     if not failing:
         within = [m for s, m in verdicts if s is Status.PASS]
-        message = f"{compared} samples on {len(ranks)} ranks match gloo on the CPU"
+        message = f"{compared} samples on {len(ranks)} ranks match gloo on the CPU ({identical} bit for bit)"
         if within:
             message += f"; {len(within)} within device precision, e.g. {within[0]}"
         return Outcome(case_id=case.id, status=Status.PASS, message=message, evidence=evidence)
@@ -132,6 +135,16 @@ def judge_samples(case: Case, ranks: list[dict], target) -> Outcome:
     count = sum(1 for s, _ in failing if s is status)
     return Outcome(case_id=case.id, status=status, evidence=evidence,
                    message=f"{count} of {compared or len(verdicts)} samples: {first}")
+
+
+def _bit_for_bit(actual: list, expected: list) -> bool:
+    """Same dtypes, shapes and bits (NaN where NaN is): what a correct backend gives where the order of the
+    arithmetic is the reference's."""
+    return len(actual) == len(expected) and all(
+        a.dtype == b.dtype and a.shape == b.shape
+        and torch.equal(a.nan_to_num(0.0) if a.is_floating_point() else a, b.nan_to_num(0.0) if b.is_floating_point() else b)
+        and torch.equal(a.isnan(), b.isnan())
+        for a, b in zip(actual, expected))
 
 
 def probe_distributed_reference(case: Case, ctx) -> None:

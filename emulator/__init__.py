@@ -104,7 +104,7 @@ def register(profile: str | NumericsProfile | None = None, faults: str | list[Fa
             if torch.distributed.is_available():
                 from . import process_group
 
-                process_group.register(active_faults=active_faults, profile=profile)
+                process_group.register(active_faults=active_faults, profile=current_profile)
             set_profile(profile if profile is not None else os.environ.get(PROFILE_ENV))
             set_faults(faults if faults is not None else os.environ.get(FAULTS_ENV, ""))
             return
@@ -182,6 +182,9 @@ def profile() -> NumericsProfile:
     _require_registered()
     assert _profile is not None
     return _profile
+
+
+current_profile = profile  # the accessor the process group reads: register's own argument shadows ``profile``
 
 
 def set_faults(faults: str | list[Fault] | None) -> list[Fault]:

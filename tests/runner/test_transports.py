@@ -36,7 +36,7 @@ EXPECTED = {
     "tanh": (Status.PASS, "2 / 2 samples match"),
     "sort": (Status.CRASH, "worker process died: SIGSEGV"),
     "cumsum": (Status.CRASH, "worker process died: SIGABRT"),
-    "topk": (Status.TIMEOUT, "timed out after 40 s; the worker was stopped"),
+    "topk": (Status.TIMEOUT, "timed out after 20 s; the worker was stopped"),
     "mul": (Status.CRASH, "exceeded the memory cap of 2048 MiB: "),
     "add": (Status.ERROR, "sample 0: RuntimeError: neuron (emulated): injected fault in aten::add"),
     "erfinv": (Status.SKIP, "the CPU reference alone also dies (SIGSEGV) on this case"),
@@ -44,9 +44,9 @@ EXPECTED = {
 
 
 def settings(tmp_path, name: str) -> RunSettings:
-    # 40 s: the hang waits that long. Each case here takes well under a second (two small samples), and
+    # 20 s: the hang waits that long. Each case here takes well under a second (two small samples), and
     # workers load op_db before they report ready, so the timeout never counts it: ample on a loaded machine.
-    return RunSettings(target="neuron", timeout_s=40, rss_limit_mb=2048, warmup=("op",),
+    return RunSettings(target="neuron", timeout_s=20, rss_limit_mb=2048, warmup=("op",),
                        artifacts_dir=str(tmp_path / name / "artifacts"),
                        env={"NEURON_VALIDATE_EMULATOR_PROFILE": "exact", "NEURON_VALIDATE_FAULTS": FAULTS})
 
