@@ -51,6 +51,15 @@ def cmd_distributed(args) -> int:
         raise UsageError(f"--world-size {args.world_size!r}: expected comma-separated integers, e.g. 2,4") from None
     if not worlds or any(w < 2 for w in worlds):
         raise UsageError(f"--world-size {args.world_size!r}: every world size must be at least 2")
+    from distributed.backends import devices_short
+
+    from .common import resolve_targets
+
+    _, target = resolve_targets(args)
+    for world in worlds:
+        short = devices_short(target, world)
+        if short:
+            raise UsageError(f"--world-size {world}: {short}")
     known = (*SAMPLE_SUITES, *SETUPS)
     suites = _split(args.suite) or list(known)
     for suite in suites:

@@ -27,6 +27,18 @@ def backend_for(device_type: str) -> str:
     return name
 
 
+def devices_short(target, world: int) -> str:
+    """Why ``world`` ranks cannot each have a device of a real target ("" when they can): NCCL and real
+    backends take one device per rank (the emulated device and the CPU serve any number of processes)."""
+    if target.kind in ("cpu", "neuron-emulated"):
+        return ""
+    module = getattr(__import__("torch"), target.device.type, None)
+    count = module.device_count() if module is not None and hasattr(module, "device_count") else 0
+    if count and count < world:
+        return f"{world} ranks need {world} {target.device.type} devices, one per rank; this machine has {count}"
+    return ""
+
+
 def init_target_group(target) -> None:
     """``init_process_group`` from the launcher's environment, on the target's device (its index: the local rank)."""
     import os

@@ -381,6 +381,7 @@ def _low_precision_backward(model: torch.nn.Module, loss_fn, inputs, compute_dty
 def judge_parity(case, ranks: list[dict], target):
     from conformance.outcome import Outcome, Status
     from diff.judge import Judge
+    from diff.precision import model_for, perturbed_runs
     from diff.tolerances import TolerancePolicy
 
     world = len(ranks)
@@ -401,14 +402,20 @@ def judge_parity(case, ranks: list[dict], target):
                 "params": run["params"]}
 
     expected = side()
-    judge = Judge(tolerance=TolerancePolicy().for_dtype(case.name, scope="model"))
-    # The loss is averaged over ranks in float64 on both sides: judged against its float32 golden too.
+    precision = model_for(target)
+    judge = Judge(tolerance=TolerancePolicy().for_dtype(case.name, scope="model"), precision=precision)
+    # The loss is averaged over ranks in float64 on both sides: judged against its float32 golden too. A target
+    # with a precision model is judged against the spread of the reference run with its ops perturbed too.
     verdict = judge(actual, expected, path="parity", golden=lambda: side(torch.float64),
-                    reference_again=lambda: side())
+                    reference_again=lambda: side(),
+                    noise=(lambda: perturbed_runs(side, precision, seed=case.seed)) if precision else None)
     evidence = {"losses": {"reference": [float(x) for x in expected["loss"]], "target": losses},
                 "compared": verdict.comparison.leaves, "metrics": verdict.comparison.worst}
+    if verdict.noise is not None:
+        evidence["noise_floor"] = verdict.noise.to_dict()
     if verdict:
-        how = "within the float64 golden band" if verdict.golden_used else "within the model tolerances"
+        how = ("within device precision" if verdict.within_precision else
+               "within the float64 golden band" if verdict.golden_used else "within the model tolerances")
         return Outcome(case_id=case.id, status=Status.PASS, evidence=evidence,
                        message=f"{setup} on {world} ranks: losses, {len(first['grads'])} gradients and "
                                f"{len(first['params'])} parameters match one CPU process ({how})")

@@ -213,7 +213,6 @@ class ResultStore:
                 if not create:
                     raise StoreError(f"{path} is an empty database, not a results database")
                 cls._create(conn)
-                _apply_migrations(conn, path)
                 app_id, version, tables = cls._identify(conn)
             if app_id != APPLICATION_ID:
                 raise StoreError(
@@ -247,14 +246,19 @@ class ResultStore:
 
     @staticmethod
     def _create(conn: sqlite3.Connection) -> None:
-        """Writes schema version 1 into an empty database (two processes may race to do it)."""
+        """Writes the current schema into an empty database: version 1 and every migration in one
+        transaction, so that a process opening the file meanwhile (two may race to create it) never sees
+        an older version half-way, which it would refuse to open."""
         conn.execute("BEGIN IMMEDIATE")
         try:
             if not conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
                 for statement in _statements(SCHEMA_V1):
                     conn.execute(statement)
+                for version in range(1, SCHEMA_VERSION):
+                    for statement in _statements(MIGRATIONS[version]):
+                        conn.execute(statement)
                 conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
-                conn.execute("PRAGMA user_version=1")
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
