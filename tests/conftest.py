@@ -7,15 +7,35 @@ processes and real SQLite files; nothing is mocked.
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
+from pathlib import Path
+from typing import Callable, TypeVar
 
 import pytest
 import torch
+from filelock import FileLock
 
 import emulator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+T = TypeVar("T")
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], T]) -> T:
+    """``build(folder)`` once for the whole run, whichever xdist workers ask (a file lock; the others load its
+    pickled result): a fixture that runs a suite is not run again on every worker its tests were spread to."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    result = shared / f"{name}.pickle"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not result.exists():
+            folder = shared / name
+            folder.mkdir(exist_ok=True)
+            result.write_bytes(pickle.dumps(build(folder)))
+    return pickle.loads(result.read_bytes())
 
 
 @pytest.fixture

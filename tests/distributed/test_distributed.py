@@ -24,15 +24,23 @@ def _run(tmp, *args, faults: str = "", env: dict | None = None) -> dict[str, dic
     return {f"{r['case']['family']}:{r['case']['name']}:{r['case']['mode']}": r["outcome"] for r in rows}
 
 
-def test_collectives_match_gloo_on_two_and_four_ranks(tmp_path):
-    # Every collective at 2 ranks is in the bench (bench/distributed.py --collectives); here one of each kind.
-    outcomes = _run(tmp_path, "--world-size", "2,4", "--suite", "collectives", "--filter",
-                    "all_reduce.avg,all_gather,reduce_scatter.sum,all_to_all")
-    assert len(outcomes) == 8
+def test_clean_runs_match_on_two_and_four_ranks(tmp_path):
+    # One of each kind of collective at 2 and 4 ranks (every collective at 2 ranks is in the bench:
+    # bench/distributed.py --collectives), the pipeline at 2 and 4 stages, and at 4 ranks the 2-D mesh
+    # (FSDP2 across pairs of TP ranks) and a DTensor move between placement pairs.
+    outcomes = _run(tmp_path, "--world-size", "2,4", "--suite", "collectives,pp,fsdp2-tp,dtensor", "--filter",
+                    "all_reduce.avg,all_gather,reduce_scatter.sum,all_to_all,flex/*,redistribute2d.partial-shard0.*",
+                    "--steps", "2")
+    assert sorted(outcomes) == sorted(
+        [f"collectives:{c}:world{w}" for c in ("all_reduce.avg", "all_gather", "reduce_scatter.sum", "all_to_all")
+         for w in (2, 4)] + ["pp:flex/causal_lm:world2", "pp:flex/causal_lm:world4", "fsdp2-tp:flex/causal_lm:world4",
+                              "dtensor:redistribute2d.partial-shard0.shard0-replicate:world4"]), list(outcomes)
     for key, outcome in outcomes.items():
         assert outcome["status"] == "pass", (key, outcome["message"])
-        assert "match gloo on the CPU" in outcome["message"]
-    assert any("on 4 ranks" in o["message"] for o in outcomes.values())
+        world = key.rsplit("world", 1)[1]
+        assert f"on {world} ranks" in outcome["message"], (key, outcome["message"])
+        if key.startswith("collectives:"):
+            assert "match gloo on the CPU" in outcome["message"] and "bit for bit" in outcome["message"]
 
 
 def test_collective_faults_are_caught_and_a_hang_is_a_timeout(tmp_path):
@@ -85,15 +93,6 @@ def test_a_wrong_reduce_scatter_breaks_fsdp2_and_sequence_parallelism_only(tmp_p
         assert by_suite[suite]["status"] == "pass", (suite, by_suite[suite]["message"])
     for suite in ("fsdp2-keep", "tp-sp"):  # row-wise layers scatter their output over the sequence in tp-sp
         assert by_suite[suite]["status"] == "mismatch", (suite, by_suite[suite]["message"])
-
-
-def test_two_dimensional_mesh_and_four_pipeline_stages_match_on_four_ranks(tmp_path):
-    outcomes = _run(tmp_path, "--world-size", "4", "--suite", "fsdp2-tp,pp,dtensor", "--filter",
-                    "flex/*,redistribute2d.partial-shard0.*", "--steps", "2")
-    assert sorted(k.split(":")[0] for k in outcomes) == ["dtensor", "fsdp2-tp", "pp"], list(outcomes)
-    for key, outcome in outcomes.items():
-        assert outcome["status"] == "pass", (key, outcome["message"])
-        assert "on 4 ranks" in outcome["message"]
 
 
 def test_device_op_faults_and_a_wrong_reduction_are_caught_in_dtensor_and_ddp(tmp_path):

@@ -11,6 +11,7 @@ from conformance.settings import RunSettings
 from runner.reporters import StoreWriter
 from runner.suite import run_suite
 from results.store import ResultStore
+from tests.conftest import built_once
 
 ARCHS = ("hf/bert", "hf/gpt2:causal_lm", "timm/legacy_seresnet18")
 PERTURBED, SILENT_FALLBACK = "aten::gelu", "aten::native_layer_norm"
@@ -29,7 +30,10 @@ def _run(tmp_path, build, faults=""):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    path = tmp_path_factory.mktemp("models")
+    return built_once(tmp_path_factory, "models", _runs)
+
+
+def _runs(path):
     clean = _run(path, "clean")
     faulty = _run(path, "faulty", f"perturb@{PERTURBED},rel=0.01;host_fallback@{SILENT_FALLBACK}")
     return clean, faulty

@@ -26,7 +26,7 @@ from op_tests.families.sizes import LONG_SIZES, TILE_SIZES
 from op_tests.samples import inputs_fingerprint
 from op_tests.shrink import shrink
 from op_tests.sources import OpSelection, family_cases, get_op
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, built_once, run_cli
 
 BUGS = "softmax_tiles,exp_strides,add_int32,promotion,inplace_new_tensor,view_copies"
 # One group per bug: (op, words of the cause the group is named after)
@@ -157,7 +157,10 @@ def test_cause_is_what_the_failing_samples_share():
 # ---------------------------------------------------------------- hidden bugs, end to end
 @pytest.fixture(scope="module")
 def buggy_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("bugs")
+    return built_once(tmp_path_factory, "bugs", _buggy_run)
+
+
+def _buggy_run(tmp):
     jsonl = tmp / "out.jsonl"
     env = {"PYTHONPATH": REPO, "NEURON_VALIDATE_EMULATOR_PROFILE": "exact", "ACCEL_BUGS": BUGS}
     result = run_cli("neuron-conformance", "ops", "--ops", "softmax,exp,add,mul,t,sum", "--dtypes",

@@ -14,6 +14,7 @@ from runner.reporters import StoreWriter
 from runner.suite import run_suite
 from op_tests.sources import OpSelection, op_cases
 from results.store import ResultStore
+from tests.conftest import built_once
 
 FP32_RTOL = 1.3e-6
 FAULTS = ";".join([
@@ -30,7 +31,10 @@ FAULTS = ";".join([
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
-    results = tmp_path_factory.mktemp("faults")
+    return built_once(tmp_path_factory, "faults", _outcomes)
+
+
+def _outcomes(results):
     cases = op_cases(OpSelection(
         patterns=("tanh", "sigmoid", "abs", "neg", "cumsum", "sin", "exp2", "cos", "add"),
         dtypes=("float32",), max_samples=6,

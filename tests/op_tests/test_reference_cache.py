@@ -20,6 +20,7 @@ from runner.suite import run_suite
 from op_tests.samples import generate_samples, restore_samples, sample_parts
 from op_tests.sources import OpSelection, get_op, op_cases
 from results.store import ResultStore
+from tests.conftest import built_once
 
 FAULTS = "perturb@aten::mul,rel=1.3e-5;wrong_shape@aten::cumsum"  # 10x float32 rtol; a wrong output shape
 # Ops whose samples fit a cache entry (unary element-wise ops have a 4 MB sample, over the entry bound).
@@ -28,8 +29,11 @@ PATTERNS = ("mul", "cumsum", "add", "as_strided", "transpose", "sum", "index_sel
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("refcache")
-    cases = op_cases(OpSelection(patterns=PATTERNS, dtypes=("float32",), max_samples=8))
+    return built_once(tmp_path_factory, "refcache", _runs)
+
+
+def _runs(root):
+    cases = op_cases(OpSelection(patterns=PATTERNS, dtypes=("float32",), max_samples=4))
     cache = str(root / "reference_cache.sqlite")
     got = {}
     with ResultStore.open(root) as store:

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from results.store import ResultStore
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, built_once, run_cli
 
 FAULT = "perturb@aten::*mm,rel=0.01"
 EXACT = {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact"}
@@ -20,7 +20,10 @@ EXACT = {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact"}
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    root = tmp_path_factory.mktemp("scripts")
+    return built_once(tmp_path_factory, "scripts", _builds)
+
+
+def _builds(root):
     folder = root / "migration"
     folder.mkdir()
     for name in ("tiny_gpt.py", "vision_classifier.py"):
