@@ -183,6 +183,24 @@ def _apply_migrations(conn: sqlite3.Connection, path: Path) -> int:
     return version
 
 
+def _use_wal(conn: sqlite3.Connection, wait_s: float = 60.0) -> None:
+    """Switches the database to write-ahead logging (persistent, once per file). The switch needs the file
+    to itself and SQLite answers "locked" at once, without the busy timeout, while another process reads it;
+    a store that several processes open together would refuse one of them, so the switch is retried."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            mode = "locked"
+        # A file system without shared memory keeps the rollback journal: slower, still correct.
+        if mode.lower() == "wal" or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+
+
 def _json_or_empty(text: str | None) -> dict:
     return json.loads(text) if text else {}
 
@@ -225,7 +243,7 @@ class ResultStore:
             if version < SCHEMA_VERSION:
                 raise StoreError(f"{path} has schema version {version}; upgrade it first with: "
                                  f"neuron-conformance migrate --results {path.parent}")
-            conn.execute("PRAGMA journal_mode=WAL")
+            _use_wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("SELECT count(*) FROM results").fetchone()
@@ -239,9 +257,15 @@ class ResultStore:
 
     @staticmethod
     def _identify(conn: sqlite3.Connection) -> tuple[int, int, set[str]]:
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        """The header fields and tables, read in one transaction: read one by one, another process creating
+        the store could commit between them (application_id 0 with the tables there, refused as foreign)."""
+        conn.execute("BEGIN")
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        finally:
+            conn.execute("COMMIT")
         return app_id, version, tables
 
     @staticmethod
