@@ -183,7 +183,8 @@ def observe_ranks(spec: ChildSpec, progress) -> dict:
 
     progress(side=spec.side, phase=f"run on {spec.nproc} ranks")
     try:
-        ranks = run_ranks(_observe_rank, spec.nproc, spec.to_config(), logs=os.path.join(spec.out, "ranks"))
+        ranks = run_ranks(_observe_rank, spec.nproc, spec.to_config(), logs=os.path.join(spec.out, "ranks"),
+                          fresh=True)
     except RankFailure as failure:
         return {"convention": "training", "notes": [], "side": spec.side,
                 spec.side: {"ran": False, "error": {"type": failure.message.split(":")[0], "message": str(failure),

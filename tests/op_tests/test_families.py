@@ -241,12 +241,14 @@ def test_the_gate_shows_one_group_per_root_cause(tmp_path):
     bugs = run_cli("neuron-conformance", "ops", *common, "--build", "bugs",
                    env={**env, "ACCEL_BUGS": "softmax_tiles,exp_strides"}, timeout=900)
     assert bugs.returncode == 1
+    # No reruns (tests/ci/test_gate.py has them): the groups and their reproducers come from the build's run.
     gate = run_cli("neuron-conformance", "gate", "--results", str(results), "--build", "bugs", "--baseline", "base",
-                   "--rerun", "1", "-j", "2", env={**env, "ACCEL_BUGS": "softmax_tiles,exp_strides"}, timeout=900)
+                   "--rerun", "0", env={**env, "ACCEL_BUGS": "softmax_tiles,exp_strides"}, timeout=900)
     assert gate.returncode == 1, gate.stdout[-3000:]
     groups = [line for line in gate.stdout.splitlines() if line.startswith("GROUP ")]
     assert len(groups) == 2, gate.stdout[-3000:]
     assert any("exp: wrong results for non-contiguous inputs" in g for g in groups), groups
     assert any("softmax: wrong results for" in g and "longer than 128" in g for g in groups), groups
+    assert gate.stdout.count("smallest reproducer (of the group's") == 2, gate.stdout[-3000:]
     regressions = int(re.search(r"(\d+) regressions in 2 groups", gate.stdout).group(1))
     assert regressions > 6, "each bug fails many cases"
