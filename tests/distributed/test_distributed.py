@@ -9,6 +9,7 @@ comparison alone, with the right outcome.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 from tests.conftest import run_cli
 
@@ -117,17 +118,20 @@ def test_bad_options_are_one_line_errors(tmp_path):
 
 
 def test_a_torchrun_style_fsdp2_script_is_checked_on_two_ranks(tmp_path):
-    clean = run_cli("neuron-validate", "--nproc", "2", "examples/fsdp2_train.py", "--out", str(tmp_path / "clean"),
-                    "--json", "--results", str(tmp_path / "runs"))
+    # The two checks run at once (each waits on its ranks' start-up much of the time), into stores of their own.
+    with ThreadPoolExecutor(2) as pool:
+        clean_run = pool.submit(run_cli, "neuron-validate", "--nproc", "2", "examples/fsdp2_train.py", "--out",
+                                str(tmp_path / "clean"), "--json", "--results", str(tmp_path / "runs"))
+        faulty_run = pool.submit(run_cli, "neuron-validate", "--nproc", "2", "examples/fsdp2_train.py", "--out",
+                                 str(tmp_path / "bad"), "--json", "--results", str(tmp_path / "runs-bad"),
+                                 env={**EXACT, "NEURON_VALIDATE_FAULTS": "drop@c10d::reduce_scatter"})
+    clean, faulty = clean_run.result(), faulty_run.result()
     assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
     report = json.loads(clean.stdout)
     assert report["verdict"] == "ready" and report["curves"]["ok"] and report["curves"]["steps"] == 20
     assert any("2 ranks on this side" in note for note in report["notes"])
     # A rank's gradients dropped in FSDP2's reduce-scatter: a 0.4% gap after 20 steps, beyond the band (the
     # clean run above shows the default profile's band passes a correct device; this one needs no band).
-    faulty = run_cli("neuron-validate", "--nproc", "2", "examples/fsdp2_train.py", "--out", str(tmp_path / "bad"),
-                     "--json", "--results", str(tmp_path / "runs"),
-                     env={**EXACT, "NEURON_VALIDATE_FAULTS": "drop@c10d::reduce_scatter"})
     assert faulty.returncode == 1, faulty.stdout[-2000:] + faulty.stderr[-2000:]
     report = json.loads(faulty.stdout)
     assert report["verdict"] == "not ready" and not report["curves"]["ok"]
