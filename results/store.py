@@ -183,21 +183,19 @@ def _apply_migrations(conn: sqlite3.Connection, path: Path) -> int:
     return version
 
 
-def _use_wal(conn: sqlite3.Connection, wait_s: float = 60.0) -> None:
+def use_wal(conn: sqlite3.Connection, wait_s: float = 60.0) -> None:
     """Switches the database to write-ahead logging (persistent, once per file). The switch needs the file
-    to itself and SQLite answers "locked" at once, without the busy timeout, while another process reads it;
-    a store that several processes open together would refuse one of them, so the switch is retried."""
+    to itself, and SQLite answers "locked" at once, without the busy timeout, while another process reads
+    it: processes that open one database together (a store, the reference cache) would lose the race, so
+    the switch is retried. A file system without shared memory keeps the rollback journal: slower, correct."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc):
-                raise
-            mode = "locked"
-        # A file system without shared memory keeps the rollback journal: slower, still correct.
-        if mode.lower() == "wal" or time.monotonic() > deadline:
+            conn.execute("PRAGMA journal_mode=WAL")
             return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
         time.sleep(0.01)
 
 
@@ -243,7 +241,7 @@ class ResultStore:
             if version < SCHEMA_VERSION:
                 raise StoreError(f"{path} has schema version {version}; upgrade it first with: "
                                  f"neuron-conformance migrate --results {path.parent}")
-            _use_wal(conn)
+            use_wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("SELECT count(*) FROM results").fetchone()

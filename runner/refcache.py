@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from conformance.serialize import Unserializable, pack, unpack
+from results.store import use_wal
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS reference_cache (
@@ -60,19 +61,10 @@ class ReferenceCache:
         self.reference = reference
         self.torch_version = torch.__version__
         self._conn = sqlite3.connect(path, timeout=60)
-        # Workers start together and race to create the file; switching the journal mode
-        # can fail with "database is locked" without waiting on the busy timeout.
-        for attempt in range(50):
-            try:
-                self._conn.execute("PRAGMA busy_timeout=60000")
-                self._conn.execute("PRAGMA journal_mode=WAL")
-                self._conn.execute(SCHEMA)
-                self._conn.commit()
-                break
-            except sqlite3.OperationalError:
-                if attempt == 49:
-                    raise
-                time.sleep(0.1 + 0.05 * attempt)
+        self._conn.execute("PRAGMA busy_timeout=60000")
+        use_wal(self._conn)  # workers start together and race to create the file
+        self._conn.execute(SCHEMA)
+        self._conn.commit()
 
     def _size(self) -> int:
         import os
