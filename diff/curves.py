@@ -37,6 +37,9 @@ DEFAULT_RTOL = 0.05  # Megatron-LM's approximate loss check
 DEFAULT_ATOL = 1e-4
 NOISE_RUNS = 2  # perturbed reference trainings behind the band
 PERTURBED_FLOOR_RTOL = 1e-3  # the narrowest band perturbed runs may give, relative to the loss
+# A band wider than this shift of the loss (relative, at the last step) could not see a real change: such a
+# comparison is "not informative", never "agree".
+INFORMATIVE_SHIFT = 0.05
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,6 +122,21 @@ class CurveComparison:
         return self.diverged_at is None and not self.note.startswith("no steps")
 
     @property
+    def band_rel(self) -> float:
+        """The band's width at the last compared step, beyond ``atol``, relative to the reference loss there."""
+        if not self.bands or not self.steps:
+            return 0.0
+        last = self.reference.losses[self.steps - 1]
+        if not math.isfinite(last) or last == 0:
+            return 0.0
+        return max(0.0, self.bands[self.steps - 1] - self.tolerance.atol) / abs(last)
+
+    @property
+    def informative(self) -> bool:
+        """Whether the band could see a shift of INFORMATIVE_SHIFT of the loss (a fixed 5% band just can)."""
+        return self.band_rel <= INFORMATIVE_SHIFT * (1 + 1e-9)
+
+    @property
     def steps(self) -> int:
         return min(self.reference.steps, self.target.steps)
 
@@ -142,6 +160,9 @@ class CurveComparison:
             width = self.bands[-1] / abs(last) if self.bands and last else 0.0
             head += (f"; band from {self.perturbed} perturbed reference runs, "
                      f"{100 * width:.2f}% at the last step")
+        if self and not self.informative:
+            return (f"loss curves not informative: the band is {100 * self.band_rel:.0f}% of the loss, wider than "
+                    f"a {100 * INFORMATIVE_SHIFT:.0f}% shift; {head}")
         if self:
             return f"loss curves agree: {head}"
         return f"loss curves diverge at step {self.diverged_at}: {head}"
@@ -154,13 +175,16 @@ class CurveComparison:
             "rtol": self.tolerance.rtol, "atol": self.tolerance.atol, "speed_ratio": self.speed_ratio,
             "note": self.note, "reference": self.reference.to_dict(), "target": self.target.to_dict(),
             "bands": [_json_float(b) for b in self.bands], "perturbed_runs": self.perturbed,
+            "band_rel": _json_float(self.band_rel), "informative": self.informative,
         }
 
 
 def compare_curves(reference: LossCurve, target: LossCurve, tolerance: CurveTolerance | None = None,
-                   perturbed: Sequence[LossCurve] = ()) -> CurveComparison:
+                   perturbed: Sequence[LossCurve] = (), *, floor_only: bool = False) -> CurveComparison:
     """Compares the common steps of two curves against the band (see the module docstring); ``perturbed``:
-    reference curves trained under the target's precision model (diff.precision.perturbed_runs)."""
+    reference curves trained under the target's precision model (diff.precision.perturbed_runs).
+    ``floor_only``: perturbed runs were expected and none came; the band is then the narrowest one they may
+    give, never the wider fixed band."""
     tol = tolerance or CurveTolerance()
     result = CurveComparison(reference=reference, target=target, tolerance=tol)
     n = min(reference.steps, target.steps)
@@ -170,7 +194,7 @@ def compare_curves(reference: LossCurve, target: LossCurve, tolerance: CurveTole
     if n == 0:
         result.note = "no steps to compare: " + (result.note or "both curves are empty")
         return result
-    result.bands = precision_bands(reference, perturbed, tol, n)
+    result.bands = precision_bands(reference, perturbed, tol, n, floor_only=floor_only)
     result.perturbed = sum(1 for p in perturbed if p.steps >= n)
     for step in range(n):
         r, t = reference.losses[step], target.losses[step]
@@ -196,10 +220,11 @@ def compare_curves(reference: LossCurve, target: LossCurve, tolerance: CurveTole
     return result
 
 
-def precision_bands(reference: LossCurve, perturbed: Sequence[LossCurve], tol: CurveTolerance, n: int) -> list[float]:
+def precision_bands(reference: LossCurve, perturbed: Sequence[LossCurve], tol: CurveTolerance, n: int, *,
+                    floor_only: bool = False) -> list[float]:
     """The band at each of the first ``n`` steps: the fixed band, widened to SPREAD_MULTIPLE times the
     perturbed runs' largest relative gap to the reference so far (perturbed runs shorter than ``n`` are
-    left out)."""
+    left out); with ``floor_only``, the floor alone."""
     from .precision import SPREAD_MULTIPLE
 
     runs = [p for p in perturbed if p.steps >= n]
@@ -207,6 +232,9 @@ def precision_bands(reference: LossCurve, perturbed: Sequence[LossCurve], tol: C
     for step in range(n):
         r = reference.losses[step]
         fixed = tol.band(r) if math.isfinite(r) else 0.0
+        if floor_only and math.isfinite(r):
+            bands.append(fixed if tol.rtol != DEFAULT_RTOL else tol.atol + PERTURBED_FLOOR_RTOL * abs(r))
+            continue
         if not runs or not math.isfinite(r):
             bands.append(fixed)
             continue

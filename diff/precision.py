@@ -101,12 +101,9 @@ class PrecisionModel:
     name: str
     ops: tuple[OpPrecision, ...] = ()
     source: str = ""  # where the model comes from (a profile, a file, CUDA's switches)
-    # Random ops (ATen names) whose draws come from the device's own stream: perturbed runs draw them afresh
-    # (dropout masks differ by design; weights initialised on the host do not).
-    redraw: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.ops) or bool(self.redraw)
+        return bool(self.ops)
 
     def for_op(self, op_name: str, floating: bool = True) -> OpPrecision | None:
         """The entry for an op whose tensors are floating (or integer, ``floating=False``); an in-place
@@ -124,7 +121,7 @@ class PrecisionModel:
         return ", ".join(dict.fromkeys(e.reason or e.pattern for e in self.ops)) or "exact"
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "source": self.source, "redraw": list(self.redraw),
+        return {"name": self.name, "source": self.source,
                 "ops": [{"pattern": e.pattern, "rel": e.rel, "abs": e.abs, "where": e.where, "reason": e.reason,
                          "values": e.values, "noise": e.noise} for e in self.ops]}
 
@@ -137,7 +134,7 @@ class PrecisionModel:
         except TypeError as exc:
             raise PrecisionModelError(f"{source or 'precision model'}: {exc}") from None
         return cls(name=str(data.get("name", Path(source).stem if source else "custom")), ops=ops,
-                   source=source or str(data.get("source", "")), redraw=tuple(data.get("redraw", ())))
+                   source=source or str(data.get("source", "")))
 
 
 EXACT = PrecisionModel(name="exact", source="the target computes like the CPU")
@@ -229,8 +226,8 @@ class PerturbMode:
     then amplifies a million-fold, as no real device does.) Integer outputs
     of ops computed in floating point are rounded through float32 when they
     exceed 2^24. In-place and ``out=`` ops take the error in the tensors they
-    write (timm's activations are in place). The model's ``redraw`` ops draw
-    afresh from a seed of the run (the device's own random stream). Used as a context manager around a reference run.
+    write (timm's activations are in place). Used as a context manager around a reference run (the
+    device's own random stream is modelled apart, by diff.draws).
     """
 
     model: PrecisionModel
@@ -250,17 +247,9 @@ class PerturbMode:
         def perturb(entry: OpPrecision):
             return lambda t: perturb_tensor(t, entry, seed)
 
-        draws = [0]
-
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
-                if func._schema.name in model.redraw:  # the device's own stream: another draw
-                    draws[0] += 1
-                    met["the device's own random stream"] = None
-                    with torch.random.fork_rng(devices=[]):
-                        torch.manual_seed((seed * 7919 + draws[0]) % 2**63)
-                        return func(*args, **kwargs)
                 tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
                 floating = not tensors or any(t.is_floating_point() or t.is_complex() for t in tensors)
                 entry = model.for_op(func._schema.name, floating)

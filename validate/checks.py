@@ -380,22 +380,27 @@ def check_wide_dtypes(obs: dict, ctx: CheckContext) -> list[Finding]:
 
 # ---------------------------------------------------------------- loss curves, speed
 def curve_comparison(obs: dict, tolerance: CurveTolerance) -> CurveComparison | None:
+    """The target's curve (its draws the reference's, diff.draws) against the reference's, in the band of the
+    perturbed reference runs; where they were expected and none came, the narrowest band, never a wider one."""
     ref = (obs.get("reference") or {}).get("curve")
     tgt = (obs.get("target") or {}).get("curve")
     if not ref or not tgt:
         return None
     perturbed = [LossCurve.from_dict(c) for c in obs.get("perturbed_curves") or ()]
-    return compare_curves(LossCurve.from_dict(ref), LossCurve.from_dict(tgt), tolerance, perturbed)
+    return compare_curves(LossCurve.from_dict(ref), LossCurve.from_dict(tgt), tolerance, perturbed,
+                          floor_only=bool(obs.get("perturbed_expected")) and not perturbed)
 
 
-def device_random_stream_differs(obs: dict) -> bool:
-    """Whether the target's random numbers may differ from the CPU's for the same seed: on real devices yes;
-    on the emulated device only under a profile with a random stream of its own."""
-    manifest = (obs.get("manifest") or {}).get("target") or {}
-    profile = manifest.get("emulator_profile")
-    if manifest.get("kind") == "neuron-emulated" and isinstance(profile, dict):
-        return bool(profile.get("independent_rng"))
-    return manifest.get("kind") != "cpu"
+def own_stream_comparison(obs: dict, tolerance: CurveTolerance) -> CurveComparison | None:
+    """The target on its own random stream against the reference, in the band of reference runs whose draws
+    on the device came from other streams: a distribution check (None where the target drew nothing there)."""
+    own = obs.get("own_stream") or {}
+    ref = (obs.get("reference") or {}).get("curve")
+    if not own.get("target") or not ref:
+        return None
+    streams = [LossCurve.from_dict(c) for c in own.get("streams") or ()]
+    return compare_curves(LossCurve.from_dict(ref), LossCurve.from_dict(own["target"]), tolerance, streams,
+                          floor_only=not streams)
 
 
 def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
@@ -403,15 +408,12 @@ def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
     ref_fp = (obs.get("reference") or {}).get("fingerprints") or {}
     tgt_fp = (obs.get("target") or {}).get("fingerprints") or {}
     differ = [k for k in ("parameters", "inputs") if k in ref_fp and k in tgt_fp and ref_fp[k] != tgt_fp[k]]
-    rng_differs = device_random_stream_differs(obs)
+    draws = obs.get("draws") or {}
     start_hint = ""
+    # Every random draw of the target was the reference's (diff.draws): a different start is the script's doing.
     if "parameters" in differ:
-        # Three causes, three hints: the weights, the data, or the device's random numbers.
-        start_hint = ("the model's initial weights are drawn on the device, whose random numbers differ from the "
-                      "CPU's: build the model on the CPU after torch.manual_seed, then move it with .to(device)"
-                      if rng_differs else
-                      "not the device's random numbers (under this profile its stream equals the CPU's): the script "
-                      "initialises or loads the model differently when an accelerator is present")
+        start_hint = ("the script initialises or loads the model differently when an accelerator is present "
+                      "(another seed, another initialisation, a checkpoint read only there)")
         findings.append(Finding(check="same-start", severity="warning", subject="weights",
                                 title="the reference and the target start from different weights",
                                 detail="the parameters differ at the model's first call" +
@@ -419,43 +421,52 @@ def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
                                 hint=start_hint))
     elif "inputs" in differ:
         start_hint = ("the script's data depends on the device: it shuffles, samples or loads differently when an "
-                      "accelerator is present (DataLoader options set only for an accelerator), or draws data on the "
-                      "device" + (", whose random numbers differ from the CPU's: draw them on the CPU and move them, "
-                                  "and keep the pipeline the same on both sides" if rng_differs else
-                                  "; make the pipeline the same on both sides (same seed, shuffled on the CPU); not "
-                                  "the device's random numbers: under this profile its stream equals the CPU's"))
+                      "accelerator is present (DataLoader options set only for an accelerator); make the pipeline "
+                      "the same on both sides (same seed, the same options)")
         findings.append(Finding(check="same-start", severity="warning", subject="data",
                                 title="the reference and the target see different data or data order: their first "
                                       "batches differ (same weights)",
                                 hint=start_hint))
-    random_ops = (obs.get("target") or {}).get("random_ops") or []
+    if draws.get("parting"):
+        findings.append(Finding(
+            check="randomness", severity="warning", subject="parting",
+            title=f"the sides ask for different random numbers from {draws['parting']}",
+            hint="the script takes another path on the target (a branch on a value, or on the device), so the "
+                 "draws after this one are not the reference's; the loss curves after it compare different "
+                 "computations", data=draws))
+    for problem in obs.get("harness") or ():
+        findings.append(Finding(check="harness", severity="warning", subject=problem.split(":")[0],
+                                title=f"a side the bands need did not run: {problem}",
+                                hint="a problem of the harness or the machine, not of the target: the band of the "
+                                     "curves is the narrowest one; run the check again"))
     cmp = curve_comparison(obs, ctx.curve_tolerance)
     if cmp is None:
         return findings
     data = {"steps": cmp.steps, "diverged_at": cmp.diverged_at, "max_rel_gap": cmp.max_rel_gap,
-            "failing_steps": cmp.failing_steps}
-    if cmp:
-        findings.append(Finding(check="loss-curves", severity="info", title=cmp.summary(), detail=cmp.note, data=data))
+            "failing_steps": cmp.failing_steps, "band_rel": cmp.band_rel}
+    if draws.get("on_device"):
+        data["draws_on_device"] = draws["on_device"]
+    shared = (f" (the target took the reference's {draws['on_device']} random draws on the device)"
+              if draws.get("on_device") else "")
+    if cmp and not cmp.informative:
+        findings.append(Finding(check="loss-curves", severity="warning", title=f"{cmp.summary()}{shared}",
+                                detail=cmp.note, data=data,
+                                hint="the reference's own spread is so wide that a 5% shift of the loss would pass: "
+                                     "compare fewer steps, or a less chaotic setting (a smaller learning rate)"))
+    elif cmp:
+        findings.append(Finding(check="loss-curves", severity="info", title=f"{cmp.summary()}{shared}",
+                                detail=cmp.note, data=data))
     elif differ:
         # Different starting points make the curves incomparable: that is the script's doing, not the target's.
         findings.append(Finding(check="loss-curves", severity="warning",
                                 title=f"{cmp.summary()} (inconclusive: the runs start from different "
                                       f"{'weights' if 'parameters' in differ else 'data'})",
                                 detail=ctx.curve_tolerance.describe(), hint=start_hint, data=data))
-    elif rng_differs and random_ops and _layers_match(obs):
-        # Same start, layers match with dropout off: what is left is the device's own random numbers.
-        findings.append(Finding(
-            check="loss-curves", severity="warning",
-            title=f"{cmp.summary()} (the device draws its own random numbers: {', '.join(random_ops[:3])})",
-            detail=ctx.curve_tolerance.describe(),
-            hint="dropout masks and other random draws differ from the CPU's by design, so the curves drift "
-                 "apart; the layer comparison (random ops off) found no difference. Compare with dropout off, or "
-                 "over more steps, to judge training itself", data=data))
     else:
-        findings.append(Finding(check="loss-curves", severity="error", title=cmp.summary(),
+        findings.append(Finding(check="loss-curves", severity="error", title=f"{cmp.summary()}{shared}",
                                 detail=(cmp.note + "\n" if cmp.note else "") + ctx.curve_tolerance.describe(),
-                                hint="see the first diverging layer above; a gap that grows step by step points at "
-                                     "the gradients or the optimizer", data=data))
+                                hint=_divergence_hint(obs), data=data))
+    findings += _check_own_stream(obs, ctx)
     ratio = cmp.speed_ratio
     if ratio is not None:
         t, r = cmp.target.steps_per_second, cmp.reference.steps_per_second
@@ -464,6 +475,37 @@ def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
                                 title=f"target {ratio:.2f}x the reference's speed: {t:.2f} vs {r:.2f} steps/s{note}",
                                 data={"ratio": ratio, "target_steps_per_s": t, "reference_steps_per_s": r}))
     return findings
+
+
+def _divergence_hint(obs: dict) -> str:
+    """Where to look when the curves part: the first diverging layer, when the layer comparison found one."""
+    loc = obs.get("localization") or {}
+    if loc and not loc.get("ok", True) and (loc.get("first_forward") or loc.get("first_backward")):
+        return "see the first diverging layer above; a gap that grows step by step points at the gradients"
+    return ("the compared call's layers agree, so the error enters later: in another call of the model, the loss, "
+            "the gradients' use by the optimizer, or a step the layer comparison does not see")
+
+
+def _check_own_stream(obs: dict, ctx: CheckContext) -> list[Finding]:
+    """The target on its own random stream, judged as a distribution (see own_stream_comparison)."""
+    own = own_stream_comparison(obs, ctx.curve_tolerance)
+    if own is None:
+        return []
+    runs = len((obs.get("own_stream") or {}).get("streams") or ())
+    data = {"steps": own.steps, "diverged_at": own.diverged_at, "max_rel_gap": own.max_rel_gap,
+            "failing_steps": own.failing_steps, "band_rel": own.band_rel, "stream_runs": runs}
+    head = (f"with its own random numbers, the target's loss curve "
+            f"{'lies within' if own else 'leaves'} the band of {runs} reference runs drawing from other streams")
+    if not own:
+        return [Finding(check="random-stream", severity="error", title=f"{head}: {own.summary()}",
+                        detail=ctx.curve_tolerance.describe(), data=data,
+                        hint="independent random streams do not explain the gap: the device's random ops (their "
+                             "distribution: dropout's rate, the normal's scale) or the code downstream of them differ")]
+    if not own.informative:
+        return [Finding(check="random-stream", severity="info",
+                        title=f"not informative: {head}, but other streams alone move the loss by "
+                              f"{100 * own.band_rel:.0f}%, so a 5% shift would not be seen", data=data)]
+    return [Finding(check="random-stream", severity="info", title=f"{head}: {own.summary()}", data=data)]
 
 
 # ---------------------------------------------------------------- outputs
@@ -490,11 +532,6 @@ def check_outputs(obs: dict, ctx: CheckContext) -> list[Finding]:
                   f"({', '.join(created[:3])}{' ...' if len(created) > 3 else ''}); each side's are kept apart",
             detail=f"target: {sides['target'].get('cwd', '')}; reference: {sides['reference'].get('cwd', '')}"))
     return findings
-
-
-def _layers_match(obs: dict) -> bool:
-    loc = obs.get("localization")
-    return bool(loc and loc.get("ok") and loc.get("reference_deterministic", True))
 
 
 CHECKS = (check_runs, check_target_used, check_numerics, check_fallback, check_placement, check_recompilation, check_wide_dtypes,

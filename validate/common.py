@@ -40,11 +40,18 @@ class ChildSpec:
     perturb_seed: int | None = None
     precision: dict | None = None
     nproc: int = 1  # ranks of a torchrun-style script on this side (validate.execute launches them)
+    # Random draws (diff.draws): "shared", the target takes every draw from the CPU's generator (the
+    # reference's numbers); "own", the target draws from its own stream. ``own_stream``: indices of the
+    # draws a reference side ("stream-K") takes from a generator of its own, seeded by ``perturb_seed``:
+    # the device's own stream modelled on the CPU.
+    draws: str = "shared"
+    own_stream: tuple[int, ...] = ()
 
     def to_config(self) -> dict:
         data = asdict(self)
         data["script_args"] = list(self.script_args)
         data["backend_modules"] = list(self.backend_modules)
+        data["own_stream"] = list(self.own_stream)
         return data
 
     @classmethod
@@ -52,6 +59,7 @@ class ChildSpec:
         data = dict(data)
         data["script_args"] = tuple(data.get("script_args", ()))
         data["backend_modules"] = tuple(data.get("backend_modules", ()))
+        data["own_stream"] = tuple(data.get("own_stream", ()))
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 

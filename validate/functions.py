@@ -102,19 +102,28 @@ def _neutralise_dropout(model) -> int:
     return neutralise_dropout(model)
 
 
-def _pass(model, args, kwargs, device, *, double: bool, loss, prepare=None, grad_output=None):
+def _pass(model, args, kwargs, device, *, double: bool, loss, prepare=None, grad_output=None, rng_state=None,
+          files=()):
     """(output tensors, parameter gradients, what was called) of one forward and backward pass, on the CPU.
 
-    The backward pass starts from ``loss(output)``, else from ``grad_output`` (see diff.localize)."""
+    The backward pass starts from ``loss(output)``, else from ``grad_output`` (see diff.localize). With
+    ``rng_state`` every random draw comes from the CPU's generator at that state (diff.draws)."""
+    import contextlib
+
     import torch
     from torch.utils._pytree import tree_flatten
 
+    from diff.draws import same_draws
     from diff.sides import run_model, to_device
 
-    run = run_model(model, device=device, dtype=torch.float64 if double else None, inputs=(tuple(args), dict(kwargs)),
-                    loss=(lambda out, batch: loss(out)) if loss is not None else None, prepare=prepare,
-                    grad_output=grad_output, loss_optional=loss is None,
-                    keep_output=lambda out: [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)])
+    draws = (same_draws(rng_state, double=double, source_files=files) if rng_state is not None
+             else contextlib.nullcontext())
+    with draws:
+        run = run_model(model, device=device, dtype=torch.float64 if double else None,
+                        inputs=(tuple(args), dict(kwargs)),
+                        loss=(lambda out, batch: loss(out)) if loss is not None else None, prepare=prepare,
+                        grad_output=grad_output, loss_optional=loss is None,
+                        keep_output=lambda out: [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)])
     grads = None
     if run.grads is not None:
         grads = {n: to_device(g, "cpu") for n, g in run.grads.items() if g is not None}
@@ -284,17 +293,16 @@ def _optimizer_factory(module):
 def compiled_check(model, args, kwargs, *, target, reference, loss=None, grad_output=None, files=()) -> dict:
     """The compiled target's outputs and gradients against the eager reference and the float64 golden.
 
-    Dropout is off on every side (diff.localize.random_ops), in the compiled code too: masks drawn by two
-    generators are not comparable.
+    Every side starts from the same generator state and draws the reference's numbers (diff.draws), in the
+    compiled code too: dropout stays on and is compared like any other op.
     """
-    from diff.localize.random_ops import NeutralDropout
+    import torch
 
-    with NeutralDropout():
-        return _compiled_check(model, args, kwargs, target=target, reference=reference, loss=loss,
-                               grad_output=grad_output, files=files)
+    return _compiled_check(model, args, kwargs, target=target, reference=reference, loss=loss,
+                           grad_output=grad_output, files=files, rng_state=torch.random.get_rng_state())
 
 
-def _compiled_check(model, args, kwargs, *, target, reference, loss, grad_output, files) -> dict:
+def _compiled_check(model, args, kwargs, *, target, reference, loss, grad_output, files, rng_state) -> dict:
     from diff import TolerancePolicy
     from diff.judge import Judge
 
@@ -304,7 +312,7 @@ def _compiled_check(model, args, kwargs, *, target, reference, loss, grad_output
 
     from diff.precision import model_for, perturbed_runs
 
-    common = dict(loss=loss, grad_output=grad_output)
+    common = dict(loss=loss, grad_output=grad_output, rng_state=rng_state, files=files)
     precision = model_for(target)
     judge = Judge(tolerance=TolerancePolicy().for_dtype(type(model).__name__, scope="model"), precision=precision)
     ref_out, ref_grads, _ = _pass(model, args, kwargs, reference.device, double=False, **common)

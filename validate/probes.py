@@ -23,9 +23,6 @@ CREATION_OPS = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy", "aten::li
 INT32 = (-(2**31), 2**31 - 1)
 
 
-# ATen ops that draw random numbers (names containing these): the device may draw them differently.
-RANDOM_OP_MARKERS = ("dropout", "bernoulli", "rand", "normal", "uniform", "multinomial", "exponential")
-
 
 def _source_dict(source: SourceLine | None) -> dict | None:
     return source.to_dict() if source is not None else None

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,14 +81,18 @@ def script_case(options: ValidateOptions) -> Case:
 
 # ---------------------------------------------------------------- observing
 def _side_case(options: ValidateOptions, side: str, *, perturb_seed: int | None = None,
-               precision: dict | None = None) -> Case:
+               precision: dict | None = None, label: str | None = None, draws: str = "shared",
+               own_stream: tuple[int, ...] = ()) -> Case:
+    """One side's case; ``label`` names it (and its folder) where one side runs twice (the target on its own
+    random stream: side "target", label "target-own")."""
+    label = label or side
     spec = ChildSpec(perturb_seed=perturb_seed, precision=precision,
         script=options.script.path, convention=options.script.convention, side=side, target=options.target,
         reference=options.reference, mode=options.mode, steps=options.steps, steps_given=options.steps_given,
-        seed=options.seed, out=str(Path(options.out) / "work" / side), script_args=options.script_args,
-        localize=options.localize and options.nproc == 1, backend_modules=options.backend_modules,
-        nproc=options.nproc)
-    return Case(kind="script-side", name=options.script.path, mode=side, config=spec.to_config())
+        seed=options.seed, out=str(Path(options.out) / "work" / label), script_args=options.script_args,
+        localize=options.localize and options.nproc == 1 and label == side, backend_modules=options.backend_modules,
+        nproc=options.nproc, draws=draws, own_stream=own_stream)
+    return Case(kind="script-side", name=options.script.path, mode=label, config=spec.to_config())
 
 
 def _describe_failure(outcome: Outcome, last: dict) -> str:
@@ -164,9 +169,7 @@ def observe(options: ValidateOptions, on_progress: ProgressFn | None = None) -> 
         data["manifest"] = {"target": tgt_data.get("manifest"), "reference": ref_data.get("manifest")}
         data["notes"] = list(ref_data.get("notes", [])) + list(tgt_data.get("notes", []))
         _check_training_script(options, data)
-        model = band_model(data.get("precision_model"), layers_compared=options.localize and options.nproc == 1)
-        if model and ref.get("curve") and data["target"].get("curve"):
-            data["perturbed_curves"] = _perturbed_curves(options, settings, model.to_dict(), progress)
+        _band_sides(options, settings, data, progress)
     data["seconds"] = time.monotonic() - start
     return data
 
@@ -183,21 +186,89 @@ def band_model(precision: dict | None, *, layers_compared: bool):
     return model if model or layers_compared else curve_precision(model)
 
 
-def _perturbed_curves(options: ValidateOptions, settings: RunSettings, precision: dict, progress) -> list[dict]:
-    """The script's losses on the reference, run again NOISE_RUNS times with the target's precision model
-    perturbing its ops (diff.precision): the band of the curves grows with them (diff.curves)."""
-    from diff.curves import NOISE_RUNS
+STREAM_RUNS = 3  # reference trainings with other random streams: the band of the device's own stream
 
-    jobs = [Job(case=_side_case(options, f"perturbed-{k}", perturb_seed=options.seed * 1_000_003 + k,
-                                precision=precision),
-                env=CPU_SIDE_ENV if options.reference.split(":")[0] == "cpu" else {}) for k in range(NOISE_RUNS)]
-    curves = []
-    with Supervisor(settings, jobs=len(jobs), fresh=True, on_progress=progress) as supervisor:
-        for job, outcome in supervisor.run_jobs(jobs):
-            if outcome.status is Status.PASS:
-                curve = (outcome.evidence["observations"].get(job.case.mode) or {}).get("curve")
-                if curve:
-                    curves.append(curve)
+
+def _band_sides(options: ValidateOptions, settings: RunSettings, data: dict, progress) -> None:
+    """The sides that give the curves their bands, once the reference and the target have run.
+
+    * ``perturbed-K`` (NOISE_RUNS of them, for a target with a precision model): the reference with the
+      target's precision perturbing its ops, drawing the same numbers: the band of the target's curve, whose
+      draws were the reference's (diff.draws).
+    * where the target drew random numbers on the device: ``target-own``, the target on its own random
+      stream, and ``stream-K`` (STREAM_RUNS), the reference with those draws taken from other streams (and
+      perturbed likewise): the band of the device's own stream, judged as a distribution.
+
+    A side that gives no curve, or a shorter one, runs once more; if it still does not, that is a harness
+    finding (``data["harness"]``), never a wider band.
+    """
+    from diff.curves import NOISE_RUNS
+    from diff.draws import DrawLog, first_parting
+
+    ref, tgt = data["reference"], data["target"]
+    if not (ref.get("curve") and tgt.get("curve")):
+        return
+    ref_draws, tgt_draws = DrawLog.from_dict(ref.get("draws")), DrawLog.from_dict(tgt.get("draws"))
+    parting = first_parting(ref_draws, tgt_draws)
+    on_device = tuple(tgt_draws.on_device)
+    data["draws"] = {"reference": len(ref_draws), "target": len(tgt_draws), "on_device": len(on_device),
+                     "ops_on_device": sorted({tgt_draws.draws[i].op for i in on_device}),
+                     "parting": parting.describe() if parting else None,
+                     "log_bytes": len(json.dumps(ref.get("draws") or {}))}
+    model = band_model(data.get("precision_model"), layers_compared=options.localize and options.nproc == 1)
+    cpu_env = CPU_SIDE_ENV if options.reference.split(":")[0] == "cpu" else {}
+    jobs = []
+    if model:
+        jobs += [Job(case=_side_case(options, "reference", label=f"perturbed-{k}", precision=model.to_dict(),
+                                     perturb_seed=options.seed * 1_000_003 + k), env=cpu_env)
+                 for k in range(NOISE_RUNS)]
+    own_stream = bool(on_device) and options.nproc == 1 and parting is None
+    if own_stream:
+        jobs.append(Job(case=_side_case(options, "target", label="target-own", draws="own")))
+        jobs += [Job(case=_side_case(options, "reference", label=f"stream-{k}", own_stream=on_device,
+                                     perturb_seed=options.seed * 1_000_003 + 101 + k,
+                                     precision=model.to_dict() if model else None), env=cpu_env)
+                 for k in range(STREAM_RUNS)]
+    elif on_device and options.nproc > 1:
+        data["notes"].append("the ranks drew random numbers on the device: their own streams are not judged apart "
+                             "under --nproc (every rank took the reference's draws)")
+    curves = _curves_of(jobs, settings, progress, steps=len(ref["curve"]["losses"]), problems=data.setdefault(
+        "harness", []))
+    data["perturbed_curves"] = [curves[j.case.mode] for j in jobs if j.case.mode.startswith("perturbed-")
+                                and j.case.mode in curves]
+    data["perturbed_expected"] = NOISE_RUNS if model else 0
+    if own_stream:
+        data["own_stream"] = {"target": curves.get("target-own"),
+                              "streams": [curves[j.case.mode] for j in jobs if j.case.mode.startswith("stream-")
+                                          and j.case.mode in curves], "expected": STREAM_RUNS}
+
+
+def _curves_of(jobs: list[Job], settings: RunSettings, progress, *, steps: int, problems: list) -> dict[str, dict]:
+    """Each job's loss curve by its label; a job without a full curve runs once more, then goes to ``problems``."""
+    curves: dict[str, dict] = {}
+    why: dict[str, str] = {}
+    for attempt in range(2):
+        todo = [j for j in jobs if j.case.mode not in curves]
+        if not todo:
+            break
+        with Supervisor(settings, jobs=min(len(todo), max(2, os.cpu_count() or 1)), fresh=True,
+                        on_progress=progress) as supervisor:
+            for job, outcome in supervisor.run_jobs(todo):
+                label = job.case.mode
+                if outcome.status is not Status.PASS:
+                    why[label] = f"{outcome.status.value}: {outcome.message}"
+                    continue
+                observed = outcome.evidence["observations"]
+                side = observed.get(ChildSpec.from_config(job.case.config).side) or {}
+                curve = side.get("curve")
+                if curve and len(curve.get("losses", ())) >= steps:
+                    curves[label] = curve
+                    continue
+                error = (side.get("error") or {}).get("message")
+                why[label] = (f"it raised: {error}" if error else
+                              f"it gave {len(curve['losses'])} of {steps} steps" if curve else "it gave no loss curve")
+    problems += [f"side {j.case.mode}: {why.get(j.case.mode, 'no result')} (after a second try)"
+                 for j in jobs if j.case.mode not in curves]
     return curves
 
 

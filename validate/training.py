@@ -38,8 +38,7 @@ import weakref
 from conformance.target import GraphCounter
 
 from .common import ChildSpec, SideResult, localization_observations
-from .probes import (RANDOM_OP_MARKERS, compile_observations, error_info, fingerprint, named_inputs, placement_scan,
-                     wide_tensors)
+from .probes import compile_observations, error_info, fingerprint, named_inputs, placement_scan, wide_tensors
 
 
 class StopScript(BaseException):
@@ -284,7 +283,8 @@ def observe(spec: ChildSpec, progress) -> dict:
         from diff.precision import PerturbMode, PrecisionModel
 
         perturb = PerturbMode(model=PrecisionModel.from_dict(spec.precision), seed=spec.perturb_seed)
-    with here.track_ops() as tracker, perturb:
+    draws = _draws_for(spec, here)
+    with here.track_ops() as tracker, perturb, draws:
         try:
             runpy.run_path(spec.script, run_name="__main__")
         except StopScript:
@@ -311,24 +311,17 @@ def observe(spec: ChildSpec, progress) -> dict:
 
         side.curve = LossCurve(label=here.describe(), losses=tuple(state.losses), step_seconds=tuple(steps)).to_dict()
     side.extra["stopped_at_steps"] = stopped
+    side.extra["draws"] = draws.log.to_dict()
     side.extra["model"] = {"class": state.root_type} if state.root_type else None
     if spec.side == "target":
         from diff.precision import model_for
 
-        import dataclasses
-
         trace = tracker.trace
-        # The band of the curves: the target's precision, and the random ops it drew from its own stream.
-        drawn = [op.split(".")[0] for op in (trace.executed if trace else ()) if any(m in op for m in RANDOM_OP_MARKERS)]
-        if any("dropout" in op for op in drawn):  # the CPU's dropout draws its mask with bernoulli_
-            drawn += ["aten::bernoulli", "aten::bernoulli_"]
-        own = here.own_random_stream is not None
-        result["precision_model"] = dataclasses.replace(
-            model_for(here), redraw=tuple(dict.fromkeys(drawn)) if own else ()).to_dict()
+        result["precision_model"] = model_for(here).to_dict()
+        result["own_random_stream"] = here.own_random_stream is not None
         side.extra["fallback_ops"] = list(trace.fallback) if trace else []
         side.extra["executed_ops"] = len(trace.executed) if trace else None
-        side.extra["random_ops"] = [op for op in (trace.executed if trace else ())
-                                    if any(m in op for m in RANDOM_OP_MARKERS)]
+        side.extra["random_ops"] = list(dict.fromkeys(draws.log.draws[i].op for i in draws.log.on_device))
         side.extra["device_memory_peak"] = here.peak_memory()  # evidence of use where ops are not tracked
         side.extra["placement"] = state.root_scan or {"cpu_state": [], "plain_tensors": []}
         side.extra["wide_tensors"] = state.wide
@@ -366,6 +359,21 @@ def observe(spec: ChildSpec, progress) -> dict:
     result[spec.side] = side.to_dict()
     result["notes"] += state.notes
     return result
+
+
+def _draws_for(spec: ChildSpec, here):
+    """The side's random draws (diff.draws): the target takes the reference's numbers unless it runs on its own
+    stream; a "stream-K" reference side takes the draws the target made on the device from a generator of its
+    own; every side logs its draws."""
+    from diff.draws import SharedDraws
+
+    shared = spec.side == "target" and spec.draws == "shared"
+    if shared and here.compiles:  # inductor's own random kernels would draw other numbers: leave them to ATen
+        import torch._inductor.config as inductor_config
+
+        inductor_config.fallback_random = True
+    return SharedDraws(shared=shared, own_stream=spec.own_stream, seed=spec.perturb_seed or 0,
+                       source_files=[spec.script])
 
 
 def _upstream_gradient(grads: list, sizes: list[int]) -> list | None:

@@ -12,6 +12,7 @@ import torch
 
 from conformance.host_copies import watch_host_copies
 
+from ..draws import DrawLog, first_parting, same_draws
 from ..judge import Judge, one_line
 from ..precision import PrecisionModel, Runs, perturbed_runs
 from ..sides import call_model, run_model
@@ -20,7 +21,6 @@ from .drill import locate_op
 from .recorder import DEFAULT_RECORD_BYTES, Call, Recorder
 from .results import LayerError, Localization, ReferenceFailure, TargetFailure
 from .source import SourceLine, exception_frames, find_source
-from .random_ops import NeutralDropout
 from .tracer import OpTracer, cpu_copy, tensors
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -37,12 +37,15 @@ class SideRun:
     error_module: str | None = None
     tracer: OpTracer | None = None
     truncated: bool = False
+    draws: DrawLog | None = None
 
 
 def run_side(model: torch.nn.Module, args, kwargs, *, device, double: bool, loss_fn, grad_output, trace: bool,
-             source_files, max_bytes: int, call: Callable | None) -> SideRun:
+             source_files, max_bytes: int, call: Callable | None, rng_state: torch.Tensor) -> SideRun:
     """One side of the localisation: the model's forward with every module's output recorded (and every ATen
-    op traced, on the target), then its backward from the loss or the given output gradient."""
+    op traced, on the target), then its backward from the loss or the given output gradient. Every side
+    starts from the CPU generator's ``rng_state`` and takes its random draws from it (diff.draws), so that a
+    model that draws (dropout, ``randn_like``) computes the same thing on every side."""
     tracer = OpTracer(source_files=source_files) if trace else None
     recorders: list[Recorder] = []
 
@@ -58,15 +61,16 @@ def run_side(model: torch.nn.Module, args, kwargs, *, device, double: bool, loss
         finally:
             recorder.remove()  # module hooks only: the gradient hooks on outputs stay for the backward pass
 
-    run = run_model(
-        model, device=device, dtype=torch.float64 if double else None, inputs=(tuple(args), dict(kwargs)),
-        forward=lambda m, batch: (call or _call)(m, *batch),
-        loss=(lambda out, batch: loss_fn(out)) if loss_fn is not None else None, grad_output=grad_output,
-        instrument=instrument, keep_output=lambda out: [cpu_copy(t) for t in tensors(out)], capture_errors=True,
-        loss_optional=True)
+    with same_draws(rng_state, double=double, source_files=source_files) as drawn:
+        run = run_model(
+            model, device=device, dtype=torch.float64 if double else None, inputs=(tuple(args), dict(kwargs)),
+            forward=lambda m, batch: (call or _call)(m, *batch),
+            loss=(lambda out, batch: loss_fn(out)) if loss_fn is not None else None, grad_output=grad_output,
+            instrument=instrument, keep_output=lambda out: [cpu_copy(t) for t in tensors(out)], capture_errors=True,
+            loss_optional=True)
     recorder = recorders[0] if recorders else None
     side = SideRun(calls=recorder.calls if recorder else [], output=run.outputs, tracer=tracer,
-                   truncated=bool(recorder and recorder.truncated))
+                   truncated=bool(recorder and recorder.truncated), draws=drawn.log)
     if run.error is not None:
         side.error = run.error
         side.error_phase = "forward" if run.error_phase == "forward" else "backward"
@@ -118,12 +122,13 @@ def localize(
     args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
     tol = tolerance or TolerancePolicy().for_dtype(type(model).__name__, scope="model")
     files = tuple(os.path.abspath(f) for f in source_files)
-    common = dict(loss_fn=loss_fn, grad_output=grad_output, source_files=files, max_bytes=max_record_bytes, call=call)
+    # Every side starts from the same generator state and draws the reference's numbers (diff.draws).
+    common = dict(loss_fn=loss_fn, grad_output=grad_output, source_files=files, max_bytes=max_record_bytes, call=call,
+                  rng_state=torch.random.get_rng_state())
     target_device = torch.device(target_device)
-    with NeutralDropout():  # dropout off on every side: the comparison must be deterministic
-        return _localize(model, args, kwargs, target_device=target_device, reference_device=reference_device,
-                         tol=tol, common=common, files=files, golden=golden, drill=drill, call=call,
-                         precision=precision)
+    return _localize(model, args, kwargs, target_device=target_device, reference_device=reference_device,
+                     tol=tol, common=common, files=files, golden=golden, drill=drill, call=call,
+                     precision=precision)
 
 
 def _localize(model, args, kwargs, *, target_device, reference_device, tol, common, files, golden, drill,
@@ -140,9 +145,8 @@ def _localize(model, args, kwargs, *, target_device, reference_device, tol, comm
     result.reference_deterministic = _same(ref_out, again_out) and _same(
         list((ref.param_grads or {}).values()), list((again.param_grads or {}).values()))
     if not result.reference_deterministic:
-        result.notes.append("two reference runs differ: the model draws random numbers (other than dropout, which "
-                            "is turned off for the comparison) or is not deterministic; only the layers the "
-                            "reference reproduces are judged")
+        result.notes.append("two reference runs differ although every random draw was the same: the model is not "
+                            "deterministic on the CPU; only the layers the reference reproduces are judged")
 
     gold = None
     if golden:
@@ -157,7 +161,14 @@ def _localize(model, args, kwargs, *, target_device, reference_device, tol, comm
     result.trace = list(tgt.tracer.events) if tgt.tracer else []
     # An op handed CPU tensors is a placement problem (reported as such), not the backend computing on the host.
     given_cpu = {e.op for e in result.trace if e.cpu_inputs}
-    result.host_copies = {op: n for op, n in host.by_op.items() if op not in given_cpu}
+    # The draws taken on the CPU for the target (diff.draws) are the harness's copies, not the backend's.
+    harness = given_cpu | (tgt.draws.redirected if tgt.draws else set())
+    result.host_copies = {op: n for op, n in host.by_op.items() if op not in harness}
+    parting = first_parting(ref.draws, tgt.draws) if ref.draws is not None and tgt.draws is not None else None
+    if parting is not None and tgt.error is None:
+        result.notes.append(f"the sides asked for different random numbers from {parting.describe()}: the model "
+                            "takes another path on the target; layers after it compare different computations")
+    result.draws = len(ref.draws or ())
     if tgt.truncated or ref.truncated:
         result.notes.append(f"module outputs beyond {common['max_bytes'] >> 20} MiB were not kept")
     if tgt.error is not None:
@@ -199,7 +210,8 @@ def _localize(model, args, kwargs, *, target_device, reference_device, tol, comm
                     sources.setdefault((event.module, event.op), event.source)
             result.ops = locate_op(model, args, kwargs, name=name, call=call_index, phase=phase, ref=ref,
                                    target_device=target_device, reference_device=reference_device, golden=golden,
-                                   judge=judge, files=files, call_fn=call, sources=sources)
+                                   judge=judge, files=files, call_fn=call, sources=sources,
+                                   rng_state=common["rng_state"])
     return result
 
 

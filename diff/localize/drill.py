@@ -16,6 +16,7 @@ import math
 import torch
 from torch.utils._pytree import tree_map
 
+from ..draws import same_draws
 from ..judge import one_line
 from ..sides import default_dtype, side_model, to_device
 from .recorder import Captured, Recorder
@@ -50,7 +51,7 @@ def locate_op(model, args, kwargs, *, name: str, call: int, ref, **options) -> O
 
 
 def drill(model, args, kwargs, *, name: str, call: int, phase: str, ref, target_device, reference_device,
-           golden: bool, judge, files, call_fn, sources: dict) -> OpDivergence:
+           golden: bool, judge, files, call_fn, sources: dict, rng_state) -> OpDivergence:
     """Runs one module call alone on every side from the reference's inputs and compares its ops in order.
 
     ``sources`` maps (module, op) to the source line seen in the whole model's forward pass, which
@@ -63,7 +64,8 @@ def drill(model, args, kwargs, *, name: str, call: int, phase: str, ref, target_
     recorder = Recorder(m, capture=(name, call))
     try:
         args_, kwargs_ = to_device((args, kwargs), reference_device, requires_grad=False)
-        (call_fn or _call_model)(m, args_, kwargs_)
+        with same_draws(rng_state, source_files=files):  # the whole run's reference draws, up to that call
+            (call_fn or _call_model)(m, args_, kwargs_)
     except Captured:
         pass
     except Exception as exc:  # noqa: BLE001
@@ -90,7 +92,7 @@ def drill(model, args, kwargs, *, name: str, call: int, phase: str, ref, target_
         tracer = OpTracer(keep_outputs=True, source_files=files)
         recorder = Recorder(sub, tracer=tracer, max_bytes=0, prefix=path)
         tracer.module_of = recorder.current
-        with default_dtype(dtype):
+        with same_draws(rng_state, double=double, source_files=files), default_dtype(dtype):
             if phase == "forward":
                 with tracer:
                     sub(*a, **k)

@@ -149,6 +149,7 @@ class Localization:
     reference_deterministic: bool = True
     host_copies: dict[str, int] = field(default_factory=dict)  # op -> host<->device copies inside it (target run)
     notes: list[str] = field(default_factory=list)
+    draws: int = 0  # random draws of the compared call, shared by every side (diff.draws)
 
     def __bool__(self) -> bool:
         if self.target_failure is not None:
@@ -218,6 +219,7 @@ class Localization:
             "compared_layers": self.compared_layers,
             "host_copies": dict(self.host_copies),
             "random_layers": [layer.label for layer in self.layers if layer.random and layer.phase == "forward"],
+            "draws": self.draws,
             "notes": list(self.notes),
         }
 

@@ -149,17 +149,33 @@ def test_trace_sees_cpu_tensors_created_in_forward(neuron):
     assert [e.op for e in mixed] == ["aten::mul"] and mixed[0].module == "(model)"
 
 
-def test_random_forward_makes_the_reference_nondeterministic(neuron):
-    class Noisy(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(4, 4)
+class _Noisy(nn.Module):
+    """Draws on the device in forward (a VAE's reparameterisation, dropout), then computes on the draw."""
 
-        def forward(self, x):
-            return self.lin(x) + torch.rand(4, device=x.device)
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 4)
 
-    result = localize(Noisy(), (torch.randn(2, 4),), target_device="neuron")
-    assert not result.reference_deterministic and result.notes
+    def forward(self, x):
+        z = self.lin(x) + torch.randn_like(x)
+        return self.out(torch.sigmoid(nn.functional.dropout(z, 0.3, training=True)))
+
+
+def test_random_draws_are_shared_so_the_comparison_stays_deterministic(neuron):
+    """Every side takes the reference's draws: nothing is left unjudged and a clean device passes."""
+    torch.manual_seed(0)
+    result = localize(_Noisy(), (torch.randn(2, 4),), target_device="neuron")
+    assert result.reference_deterministic and result
+    assert result.draws == 2 and result.compared_layers == len(result.layers)
+    assert not result.host_copies  # the draws taken on the CPU for the target are the harness's copies
+
+
+def test_a_fault_downstream_of_a_draw_is_judged_like_any_other(neuron):
+    emulator.set_faults("perturb@aten::sigmoid,rel=0.01")
+    torch.manual_seed(0)
+    result = localize(_Noisy(), (torch.randn(2, 4),), target_device="neuron", source_files=[__file__])
+    assert not result and result.ops is not None and result.ops.first.op == "aten::sigmoid"
 
 
 def test_gradient_of_the_output_stands_in_for_an_unknown_loss(neuron, model):

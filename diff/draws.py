@@ -1,0 +1,333 @@
+"""Random draws shared between the sides of a comparison, and the device's own stream modelled on the CPU.
+
+A model that draws random numbers (dropout masks, a VAE's ``randn_like``, a
+diffusion loop's noise and timesteps, sampled actions) computes something
+different on every side unless every side draws the same numbers. So, for
+every comparison that must be deterministic, every side takes the
+reference's draws: under :class:`SharedDraws` each random ATen op (tagged
+``nondeterministic_seeded``: bernoulli, rand/randn/randint and their
+``_like``, randperm, normal_, uniform_, exponential_, multinomial, dropout,
+SDPA's dropout, ...) draws from the CPU's generator, as the reference's
+does, in float32 where a golden side computes in float64, and its result is
+moved to the op's device. The target's random kernels are then not what is
+judged: the numbers downstream of them are, like any other op's (dynamo's
+accuracy runner does the same on one device with ``fallback_random``). It
+works in eager code and inside compiled graphs (the mode sees the graph's
+ATen ops as they run; inductor needs ``fallback_random``).
+
+Every side keeps a :class:`DrawLog`: one entry per draw with the op, its
+shape, whether it ran off the CPU, the line that asked for it, and a digest
+of the generator's state after it. Two sides drew the same numbers exactly
+when their digests agree; :func:`first_parting` names the first draw where
+they do not (the script branched differently on the device), which is a
+finding, never a crash and never a silent fall back to the device's numbers.
+
+The device's own stream is judged apart, as a distribution: the reference
+runs again with the draws the target made on the device (``own_stream``, by
+their index in the log) taken from a generator of their own, seeded per run,
+while the CPU's generator moves on as the device's would leave it: untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+
+RANDOM_TAG = torch.Tag.nondeterministic_seeded
+# Tagged, but they draw nothing themselves (a kernel choice).
+NOT_DRAWS = frozenset({"aten::_fused_sdp_choice"})
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def draws(func) -> bool:
+    """Whether an ATen op draws random numbers from a generator."""
+    return RANDOM_TAG in func.tags and func._schema.name not in NOT_DRAWS
+
+
+@dataclass(frozen=True, slots=True)
+class Draw:
+    """One random op as a side ran it: ``state`` digests the generator after the draw."""
+
+    op: str
+    shape: tuple[int, ...]
+    on_device: bool
+    state: str
+    where: str = ""
+
+    def describe(self) -> str:
+        shape = "x".join(str(s) for s in self.shape) or "scalar"
+        return f"{self.op} [{shape}]" + (f" at {self.where}" if self.where else "")
+
+    def to_list(self) -> list:
+        return [self.op, list(self.shape), self.on_device, self.state, self.where]
+
+    @classmethod
+    def from_list(cls, data: list) -> "Draw":
+        op, shape, on_device, state, where = data
+        return cls(op=op, shape=tuple(shape), on_device=bool(on_device), state=state, where=where)
+
+
+@dataclass(slots=True)
+class DrawLog:
+    """The draws of one side, in order."""
+
+    draws: list[Draw] = field(default_factory=list)
+    redirected: set[str] = field(default_factory=set)  # device ops whose draw was taken on the CPU
+
+    def __len__(self) -> int:
+        return len(self.draws)
+
+    @property
+    def on_device(self) -> list[int]:
+        """Indices of the draws made on a device other than the CPU."""
+        return [i for i, d in enumerate(self.draws) if d.on_device]
+
+    def to_dict(self) -> dict:
+        return {"draws": [d.to_list() for d in self.draws], "redirected": sorted(self.redirected)}
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "DrawLog":
+        data = data or {}
+        return cls(draws=[Draw.from_list(d) for d in data.get("draws", ())], redirected=set(data.get("redirected", ())))
+
+
+@dataclass(frozen=True, slots=True)
+class Parting:
+    """The first draw at which two sides asked for different random numbers."""
+
+    index: int
+    reference: Draw | None
+    target: Draw | None
+
+    def describe(self) -> str:
+        ref = self.reference.describe() if self.reference else "nothing more"
+        tgt = self.target.describe() if self.target else "nothing more"
+        return f"random draw {self.index + 1}: the reference drew {ref}; the target drew {tgt}"
+
+
+def first_parting(reference: DrawLog, target: DrawLog) -> Parting | None:
+    """The first draw where the two logs' generator states differ (None: every draw was the same)."""
+    for i in range(max(len(reference), len(target))):
+        r = reference.draws[i] if i < len(reference) else None
+        t = target.draws[i] if i < len(target) else None
+        if r is None or t is None or r.state != t.state or r.shape != t.shape:
+            return Parting(index=i, reference=r, target=t)
+    return None
+
+
+def _digest(generator: torch.Generator) -> str:
+    state = generator.get_state()
+    return hashlib.blake2b(state.numpy().tobytes(), digest_size=8).hexdigest()
+
+
+def _caller(source_files: tuple[str, ...]) -> str:
+    """The line that asked for the draw: a user's file first, else the first frame outside torch and this package."""
+    frame = sys._getframe(2)
+    fallback = ""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name in source_files:
+            return f"{os.path.basename(name)}:{frame.f_lineno}"
+        if not fallback and not name.startswith((_TORCH, _HERE, "<")):
+            fallback = f"{os.path.basename(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return fallback
+
+
+def _generator_slot(func) -> tuple[int | None, bool]:
+    """(position, keyword only) of the op's generator argument; (None, False) when it takes none."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name == "generator":
+            return i, arg.kwarg_only
+    return None, False
+
+
+def _given_generator(func, args, kwargs) -> torch.Generator | None:
+    index, kwarg_only = _generator_slot(func)
+    if index is None:
+        return None
+    if "generator" in kwargs:
+        return kwargs["generator"]
+    return args[index] if not kwarg_only and index < len(args) else None
+
+
+def _with_generator(func, args: tuple, kwargs: dict, generator: torch.Generator) -> tuple[tuple, dict]:
+    index, kwarg_only = _generator_slot(func)
+    if index is None:
+        return args, kwargs
+    if not kwarg_only and index < len(args):
+        args = (*args[:index], generator, *args[index + 1:])
+        return args, kwargs
+    return args, {**kwargs, "generator": generator}
+
+
+def _device_of(args, kwargs) -> torch.device:
+    device = kwargs.get("device")
+    if device is not None:
+        return torch.device(device)
+    for t in tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.device("cpu")
+
+
+class SharedDraws(TorchDispatchMode):
+    """Every random op draws from the CPU's generator (see the module docstring), and is logged.
+
+    ``shared``: draws on another device (or, with ``draw_dtype``, in a dtype it
+    maps, float64 -> float32 for a golden side) are taken on the CPU and moved
+    back: the side then draws the reference's numbers. A reference side needs
+    neither: it is logged only. ``own_stream``: indices of draws taken from a
+    generator of their own (seeded by ``seed`` and the index) instead, the
+    CPU's generator left where it was: the device's own stream, modelled on
+    the reference. ``source_files``: the user's files, preferred when naming
+    the line of a draw.
+    """
+
+    def __init__(self, *, shared: bool = False, draw_dtype: dict | None = None, own_stream=frozenset(), seed: int = 0,
+                 source_files=()) -> None:
+        super().__init__()
+        self.shared = shared
+        self.draw_dtype = dict(draw_dtype or {})
+        self.own_stream = frozenset(own_stream)
+        self.seed = seed
+        self.source_files = tuple(os.path.abspath(f) for f in source_files)
+        self.log = DrawLog()
+        self._shadows: dict[int, tuple[int, torch.Generator]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not draws(func):
+            return func(*args, **kwargs)
+        index = len(self.log)
+        device = _device_of(args, kwargs)
+        on_device = device.type != "cpu"
+        generator = _given_generator(func, args, kwargs)
+        if index in self.own_stream:
+            own = torch.Generator().manual_seed((self.seed * 1_000_003 + index * 7919) % 2**63)
+            args, kwargs = _with_generator(func, args, kwargs, own)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(own.initial_seed())
+                out = func(*args, **kwargs)
+            used = own
+        elif self.shared and (on_device or self._maps_dtype(func, args, kwargs)):
+            out, used = self._on_cpu(func, args, kwargs, device, generator)
+            self.log.redirected.add(func._schema.name)
+        else:
+            out = func(*args, **kwargs)
+            used = generator if generator is not None else torch.default_generator
+        first = next((t for t in tree_leaves(out) if isinstance(t, torch.Tensor)), None)
+        self.log.draws.append(Draw(op=func._schema.name, shape=tuple(first.shape) if first is not None else (),
+                                   on_device=on_device, state=_digest(used) if used.device.type == "cpu" else "",
+                                   where=_caller(self.source_files)))
+        return out
+
+    def _maps_dtype(self, func, args, kwargs) -> bool:
+        if not self.draw_dtype:
+            return False
+        dtypes = {t.dtype for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        if "dtype" in kwargs and kwargs["dtype"] is not None:
+            dtypes.add(kwargs["dtype"])
+        elif not dtypes and any(a.name == "dtype" for a in func._schema.arguments):
+            dtypes.add(torch.get_default_dtype())
+        return any(d in self.draw_dtype for d in dtypes)
+
+    def _shadow(self, generator: torch.Generator) -> torch.Generator:
+        """A CPU generator standing in for a device generator the script made: seeded as it was seeded."""
+        seed = generator.initial_seed()
+        known = self._shadows.get(id(generator))
+        if known is None or known[0] != seed:
+            known = (seed, torch.Generator().manual_seed(seed))
+            self._shadows[id(generator)] = known
+        return known[1]
+
+    def _on_cpu(self, func, args, kwargs, device: torch.device, generator):
+        """The draw taken on the CPU (in the mapped dtype) and written back where the op would have put it."""
+        wide: list[torch.dtype] = []
+
+        def to_cpu(v):
+            if isinstance(v, torch.Tensor):
+                if v.dtype in self.draw_dtype:
+                    wide.append(v.dtype)
+                    return v.detach().to("cpu", self.draw_dtype[v.dtype])
+                return v.detach().to("cpu")
+            return v
+
+        cpu_args, cpu_kwargs = tree_map(to_cpu, (args, kwargs))
+        if "device" in cpu_kwargs and cpu_kwargs["device"] is not None:
+            cpu_kwargs["device"] = torch.device("cpu")
+        if any(a.name == "dtype" for a in func._schema.arguments):
+            asked = cpu_kwargs.get("dtype") or (torch.get_default_dtype() if not wide else None)
+            if asked in self.draw_dtype:
+                wide.append(asked)
+                cpu_kwargs["dtype"] = self.draw_dtype[asked]
+        used = torch.default_generator
+        if generator is not None and generator.device.type != "cpu":
+            used = self._shadow(generator)
+            cpu_args, cpu_kwargs = _with_generator(func, cpu_args, cpu_kwargs, used)
+        elif generator is not None:
+            used = generator
+        out = func(*cpu_args, **cpu_kwargs)
+        back = wide[0] if wide else None
+        if func._schema.is_mutable:  # in place (normal_) or out=: the draw goes into the tensors the op writes
+            for original, drawn in zip(tree_leaves((args, kwargs)), tree_leaves((cpu_args, cpu_kwargs))):
+                if isinstance(original, torch.Tensor) and isinstance(drawn, torch.Tensor) and drawn is not original \
+                        and original.shape == drawn.shape and _written(func, original, args, kwargs):
+                    original.copy_(drawn)
+            return tree_map(lambda v: _original_of(v, cpu_args, cpu_kwargs, args, kwargs), out), used
+
+        def home(t):
+            if not isinstance(t, torch.Tensor):
+                return t
+            dtype = back if back is not None and t.dtype == self.draw_dtype.get(back) else t.dtype
+            return t.to(device, dtype)
+
+        return tree_map(home, out), used
+
+
+@contextmanager
+def same_draws(state: torch.Tensor, *, double: bool = False, source_files=()) -> Iterator[SharedDraws]:
+    """One side of a comparison that must be deterministic: the CPU's generator at ``state`` (every side starts
+    from the same one), every draw taken from it (in float32 for a float64 side), inductor's random ops left
+    to ATen (``fallback_random``, as dynamo's accuracy runner sets it), and the caller's generator state as it
+    was afterwards."""
+    import torch._inductor.config as inductor_config
+
+    with torch.random.fork_rng(devices=[]), inductor_config.patch(fallback_random=True):
+        torch.random.set_rng_state(state)
+        with SharedDraws(shared=True, draw_dtype={torch.float64: torch.float32} if double else None,
+                         source_files=source_files) as mode:
+            yield mode
+
+
+def _written(func, tensor: torch.Tensor, args, kwargs) -> bool:
+    """Whether the op writes ``tensor`` (its ``self`` in place, or an ``out=`` argument)."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
+        if value is tensor:
+            return True
+    return False
+
+
+def _original_of(value, cpu_args, cpu_kwargs, args, kwargs):
+    """The caller's tensor behind a CPU stand-in returned by an in-place op."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    for original, drawn in zip(tree_leaves((args, kwargs)), tree_leaves((cpu_args, cpu_kwargs))):
+        if drawn is value:
+            return original
+    return value
+
+
+__all__ = ["Draw", "DrawLog", "Parting", "SharedDraws", "draws", "first_parting", "same_draws"]

@@ -1,0 +1,104 @@
+"""Random draws shared between sides (diff/draws.py): the target takes the reference's numbers, in eager code and
+in compiled graphs, the sides' logs name where they part, and the device's own stream is modelled on the CPU."""
+
+from __future__ import annotations
+
+import emulator
+import torch
+import torch.nn.functional as F
+
+from diff.draws import SharedDraws, first_parting, same_draws
+
+
+def _program(device, dtype=torch.float32) -> list[torch.Tensor]:
+    """Every kind of draw a model makes: dropout (the CPU decomposes it, a device runs native_dropout), the
+    ``_like`` factories, factories with a device, in-place fills, sampling, permutations, SDPA's dropout."""
+    x = torch.linspace(-1, 1, 40, dtype=dtype).reshape(5, 8).to(device)
+    out = [F.dropout(x, 0.3, True), torch.randn_like(x), torch.rand(3, device=device, dtype=dtype)]
+    filled = torch.empty(4, 4, device=device, dtype=dtype)
+    filled.normal_()
+    out.append(filled)
+    out.append(torch.multinomial(torch.ones(6, device=device), 3).float())
+    out.append(torch.randperm(7, device=device).float())
+    out.append(torch.bernoulli(torch.full((3, 3), 0.5, device=device, dtype=dtype)))
+    q = torch.linspace(0, 1, 64, dtype=dtype).reshape(1, 2, 4, 8).to(device)
+    out.append(F.scaled_dot_product_attention(q, q, q, dropout_p=0.3))
+    out.append(torch.randint(0, 10, (5,), device=device).float())
+    return [o.cpu().double() for o in out]
+
+
+def test_the_target_and_the_golden_take_the_references_draws():
+    emulator.register()
+    emulator.set_profile("neuron-2.27")  # a device with a random stream of its own
+    try:
+        state = torch.random.get_rng_state()
+        with same_draws(state) as ref_draws:
+            ref = _program("cpu")
+        with same_draws(state) as tgt_draws:
+            tgt = _program("neuron")
+        with same_draws(state, double=True) as gold_draws:
+            gold = _program("cpu", torch.float64)
+        with torch.random.fork_rng(devices=[]):
+            torch.random.set_rng_state(state)
+            with SharedDraws() as own:  # logged only: the device draws its own numbers
+                _program("neuron")
+    finally:
+        emulator.set_profile("exact")
+    for r, t, g in zip(ref, tgt, gold):
+        assert torch.equal(r, t)
+        torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-6)  # float32 draws, computed on in float64
+    assert len(ref_draws.log) == len(tgt_draws.log) == 9
+    assert first_parting(ref_draws.log, tgt_draws.log) is None
+    assert first_parting(ref_draws.log, gold_draws.log) is None
+    assert tgt_draws.log.on_device == list(range(9)) and not ref_draws.log.on_device
+    assert "aten::native_dropout" in tgt_draws.log.redirected
+    parting = first_parting(ref_draws.log, own.log)
+    assert parting is not None and parting.index == 0 and "native_dropout" in parting.describe()
+
+
+def test_draws_inside_a_compiled_graph_are_shared(neuron):
+    def step(t):
+        return F.dropout(t, 0.5, True) * 2 + torch.randn_like(t)
+
+    x = torch.randn(6, 6)
+    state = torch.random.get_rng_state()
+    with same_draws(state):
+        expected = step(x)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="neuron")
+    with same_draws(state) as drawn:
+        got = compiled(x.to("neuron")).cpu()
+    assert torch.equal(expected, got) and drawn.log.on_device == [0, 1]
+
+
+def test_a_script_that_draws_in_another_order_is_named_at_the_first_parting():
+    state = torch.random.get_rng_state()
+    with same_draws(state) as a:
+        torch.rand(3)
+        torch.randn(2, 2)
+    with same_draws(state) as b:
+        torch.rand(3)
+        torch.randint(0, 5, (2, 2))
+    parting = first_parting(a.log, b.log)
+    assert parting is not None and parting.index == 1
+    assert "aten::randn [2x2]" in parting.describe() and "aten::randint [2x2]" in parting.describe()
+    assert "test_draws.py" in parting.describe()
+
+
+def test_the_devices_own_stream_is_modelled_on_the_cpu_without_moving_its_generator():
+    """A stream-K reference side: the draws the target made on the device come from a generator of their own,
+    and the CPU's generator moves on as if they had not been drawn (the device's generator drew them)."""
+    torch.manual_seed(3)
+    with SharedDraws() as plain:
+        torch.rand(4)
+        second = torch.rand(4)
+    torch.manual_seed(3)
+    with SharedDraws(own_stream={0}, seed=1) as first_own:
+        other = torch.rand(4)
+        after = torch.rand(4)
+    torch.manual_seed(3)
+    fresh = torch.rand(4)
+    assert not torch.equal(other, fresh)  # another stream for the device's draw
+    assert torch.equal(after, fresh)  # the CPU's generator did not move for it
+    assert not torch.equal(after, second)
+    assert len(plain.log) == len(first_own.log) == 2
