@@ -12,11 +12,10 @@ import argparse
 from pathlib import Path
 
 from .common import EXIT_OK, UsageError
+from .suite import DEFAULT_RESULTS
 
 
 def _results_option(p: argparse.ArgumentParser) -> None:
-    from .conformance import DEFAULT_RESULTS
-
     p.add_argument("--results", default=DEFAULT_RESULTS, help=f"results folder (default: {DEFAULT_RESULTS}/)")
     p.add_argument("--verbose", action="store_true", help="show tracebacks")
 

@@ -22,7 +22,6 @@ to train, 2 for bad usage (an unknown model lists the closest names).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from .common import EXIT_FINDINGS, EXIT_OK, UsageError, add_target_options, apply_environment, resolve_targets
@@ -160,8 +159,3 @@ def cmd_curves(args) -> int:
     console.print(f"verdict: {verdict}")
     return EXIT_OK if comparison else EXIT_FINDINGS
 
-
-if __name__ == "__main__":
-    from .conformance import main
-
-    sys.exit(main(["curves", *sys.argv[1:]]))

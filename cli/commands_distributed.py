@@ -16,6 +16,7 @@ from __future__ import annotations
 import fnmatch
 
 from .common import UsageError, apply_environment
+from .suite import add_suite_options, run_cases
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -42,8 +43,6 @@ def cmd_distributed(args) -> int:
     apply_environment(args)
     from distributed.execute import SAMPLE_SUITES, distributed_case
     from distributed.parity import SETUPS
-
-    from .conformance import _run
 
     try:
         worlds = [int(w) for w in _split(args.world_size)]
@@ -83,12 +82,10 @@ def cmd_distributed(args) -> int:
             raise UsageError(f"--world-size {args.world_size!r}: {'; '.join(dict.fromkeys(unfit))}")
         everything = sorted({n for suite in known for w in (2, 4) for n in _names(suite, w)})
         raise UsageError(f"--filter {args.filter!r} selects nothing (names: {', '.join(everything)})")
-    return _run(args, cases, kind_label="distributed", timeout=DEFAULT_TIMEOUT, group="family")
+    return run_cases(args, cases, kind_label="distributed", timeout=DEFAULT_TIMEOUT, group="family")
 
 
 def register(sub) -> None:
-    from .conformance import add_suite_options
-
     p = sub.add_parser("distributed", help="collectives, DTensor, DDP, FSDP2, tensor and pipeline parallelism on N ranks of the target")
     add_suite_options(p)
     p.add_argument("--world-size", default="2", metavar="N[,N...]", help="ranks per case (default 2)")

@@ -14,6 +14,7 @@ survey built it or not, which is how per-family pass rates are measured.
 from __future__ import annotations
 
 from .common import EXIT_OK, UsageError, apply_environment
+from .suite import add_suite_options, run_cases
 
 
 def _split(text: str | None) -> list[str]:
@@ -47,8 +48,6 @@ def cmd_models(args) -> int:
     import model_zoo
     from model_zoo.execute import model_case
 
-    from .conformance import _run
-
     families = _split(args.family) or None
     patterns = _split(args.filter) or None
     exclude = _split(args.exclude) or None
@@ -80,12 +79,10 @@ def cmd_models(args) -> int:
     cases = [model_case(c) for c in configs]
     if not cases:
         raise UsageError("the selection holds no model configurations (check --family, --filter and --exclude)")
-    return _run(args, cases, kind_label="models", timeout=600.0, group="family")
+    return run_cases(args, cases, kind_label="models", timeout=600.0, group="family")
 
 
 def register(sub) -> None:
-    from .conformance import add_suite_options
-
     p = sub.add_parser("models", help="model zoo suite")
     add_suite_options(p)
     p.add_argument("--family", default="", help="comma-separated families (timm, hf, diffusion, ...)")

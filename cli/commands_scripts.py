@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .common import UsageError, apply_environment
+from .suite import add_suite_options, run_cases
 
 
 def script_cases(folder: Path, *, mode: str, steps: int | None, seed: int) -> list:
@@ -35,8 +36,6 @@ def script_cases(folder: Path, *, mode: str, steps: int | None, seed: int) -> li
 
 
 def cmd_scripts(args) -> int:
-    from .conformance import _run
-
     folder = Path(args.folder)
     if not folder.is_dir():
         raise UsageError(f"{args.folder}: no such folder" if not folder.exists() else f"{args.folder}: not a folder")
@@ -59,12 +58,10 @@ def cmd_scripts(args) -> int:
         for c in cases:
             print(c.id, c.title)
         return 0
-    return _run(args, cases, kind_label="scripts", timeout=900.0, group="family")
+    return run_cases(args, cases, kind_label="scripts", timeout=900.0, group="family")
 
 
 def register(sub) -> None:
-    from .conformance import add_suite_options
-
     p = sub.add_parser("scripts", help="a folder of user scripts, each checked as neuron-validate checks it")
     add_suite_options(p)
     p.add_argument("folder", metavar="DIR", help="folder of scripts (functions convention or training scripts)")

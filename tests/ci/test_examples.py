@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from ci.expectations import load_expectations
-from cli.conformance import COMMAND_MODULES, _EXTRA_COMMANDS, build_parser
+from cli.conformance import build_parser
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "ci" / "examples"
 
@@ -32,9 +32,6 @@ def commands(workflow: dict) -> list[list[str]]:
 def test_workflow_shards_runs_merges_gates_and_publishes():
     workflow = yaml.safe_load((EXAMPLES / "github-actions.yml").read_text())
     assert workflow["jobs"]["sweep"]["strategy"]["matrix"]["shard"] == [1, 2, 3, 4]
-    import importlib
-
-    _EXTRA_COMMANDS[:] = [importlib.import_module(f"cli.{m}").register for m in COMMAND_MODULES]
     parser = build_parser()
     seen = []
     for argv in commands(workflow):

@@ -1,0 +1,125 @@
+"""Running a list of cases as a suite: the options every suite command shares, the run, the summary.
+
+``neuron-conformance ops | models | scripts | distributed`` differ only in how
+they select their cases; from there each hands them to ``run_cases``, which
+opens the store, attaches the reporters, runs the suite and prints the summary
+and the failure groups. It lives apart from ``conformance.py`` (the entry
+point, which imports every command module) so that the command modules import
+it without importing their own entry point back.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import EXIT_FINDINGS, EXIT_OK, UsageError, add_target_options, resolve_targets
+
+DEFAULT_RESULTS = "runs"
+
+
+def add_suite_options(p: argparse.ArgumentParser) -> None:
+    add_target_options(p)
+    g = p.add_argument_group("run")
+    g.add_argument("--build", default=None, help="build id to record results under (default: derived from target and time)")
+    g.add_argument("--results", default=DEFAULT_RESULTS, help=f"results folder (default: {DEFAULT_RESULTS}/)")
+    g.add_argument("-j", "--jobs", type=int, default=1, help="worker processes")
+    g.add_argument("--shard", default=None, metavar="i/N", help="run shard i of N (by case id)")
+    g.add_argument("--resume", action="store_true", help="skip cases this build already has results for")
+    g.add_argument("--timeout", type=float, default=None, help="per-case timeout in seconds")
+    g.add_argument("--rss-limit-mb", type=int, default=4096, help="stop a worker above this RSS (default 4096)")
+    g.add_argument("--executor", choices=("local", "ray"), default="local")
+    g.add_argument("--address", default=None, help="Ray cluster address (with --executor ray)")
+    g.add_argument("--no-reference-cache", action="store_true", help="do not reuse cached reference results")
+    g.add_argument("--jsonl", default=None, metavar="FILE", help="also append one JSON line per outcome to FILE")
+    g.add_argument("--junit", default=None, metavar="OUT.xml", help="also write JUnit XML of the cases run")
+
+
+def _settings(args, *, timeout: float, build: str, warmup: tuple[str, ...] = ()):
+    from conformance.settings import RunSettings, default_threads
+
+    results = Path(args.results)
+    return RunSettings(
+        target=args.target,
+        reference=args.reference,
+        backend_modules=tuple(args.backend_module),
+        timeout_s=args.timeout or timeout,
+        rss_limit_mb=args.rss_limit_mb,
+        artifacts_dir=str(results / "artifacts" / build),  # one folder per build: builds never overwrite each other
+        reference_cache=None if args.no_reference_cache else str(results / "reference_cache.sqlite"),
+        warmup=warmup,
+        threads=default_threads(args.jobs),
+    )
+
+
+def run_cases(args, cases, *, kind_label: str, timeout: float, group: str = "dtype", warmup: tuple[str, ...] = ()) -> int:
+    from conformance.case import parse_shard
+    from results.store import ResultStore
+    from runner.reporters import JsonLinesWriter, JUnitWriter, ProgressReporter, StoreWriter
+    from runner.suite import default_build_id, run_suite
+
+    from .progress import console, summary_table
+
+    if args.jobs < 1:
+        raise UsageError(f"-j {args.jobs}: must be at least 1")
+    if Path(args.results).exists() and not Path(args.results).is_dir():
+        raise UsageError(f"--results {args.results}: is a file; expected a results folder")
+    for option, value in (("--jsonl", args.jsonl), ("--junit", args.junit)):
+        if value and Path(value).is_dir():
+            raise UsageError(f"{option} {value}: is a folder; expected a file")
+    shard_spec = None
+    if args.shard:
+        try:
+            shard_spec = parse_shard(args.shard)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    reference, target = resolve_targets(args)
+    build = args.build or default_build_id(target.label)
+    settings = _settings(args, timeout=timeout, build=build, warmup=warmup)
+    manifest = target.manifest()
+    manifest["reference"] = reference.manifest()
+    with ResultStore.open(args.results) as store:
+        console.print(f"[bold]{kind_label}[/] on [bold]{target.describe()}[/] against {reference.describe()}; "
+                      f"build [bold]{build}[/], {len(cases)} cases, results in {store.path}")
+        plugins: list[object] = [StoreWriter(store), ProgressReporter(kind_label, console)]
+        if args.jsonl:
+            plugins.append(JsonLinesWriter(args.jsonl))
+        if args.junit:
+            plugins.append(JUnitWriter(args.junit))
+        done = {r.case_id: r.status for r in store.statuses(build)} if args.resume else None
+        summary = run_suite(
+            cases, settings=settings, build_id=build, manifest=manifest, target_label=target.label,
+            plugins=plugins, jobs=args.jobs, shard_spec=shard_spec, done=done, executor=args.executor,
+            address=args.address,
+        )
+        failure_lines = _failure_groups(store, build)
+    if summary.skipped_resume:
+        console.print(f"resumed: {summary.skipped_resume} cases already had results")
+    groups = summary.by_family if group == "family" else summary.by_dtype
+    console.print(summary_table(f"{kind_label}: {target.describe()} (build {build})", summary.counts, groups, group))
+    for line in failure_lines:
+        console.print(line, markup=False, soft_wrap=True)
+    console.print(f"{summary.ran} cases ran in {summary.seconds:.1f} s; target: {target.describe()}")
+    return EXIT_FINDINGS if summary.failures else EXIT_OK
+
+
+MAX_GROUPS_SHOWN = 20
+
+
+def _failure_groups(store, build: str) -> list[str]:
+    """The build's failures grouped by op and cause (results/groups.py), one headline each."""
+    from conformance.outcome import FAILING
+    from results.groups import failures_from_rows, group_failures
+
+    failures = failures_from_rows(store.results(build, statuses=FAILING))
+    if not failures:
+        return []
+    groups = group_failures(failures)
+    lines = [f"{len(failures)} failing cases in {len(groups)} groups (by op and by what the failing inputs share):"]
+    for g in groups[:MAX_GROUPS_SHOWN]:
+        lines.append(f"  {g.headline}")
+        if g.repro:
+            lines.append(f"      reproducer: python {store.artifact(g.repro)}")
+    if len(groups) > MAX_GROUPS_SHOWN:
+        lines.append(f"  ... and {len(groups) - MAX_GROUPS_SHOWN} more groups (neuron-conformance dashboard shows all)")
+    return lines
