@@ -71,13 +71,22 @@ def check_target_used(obs: dict, ctx: CheckContext) -> list[Finding]:
     if (executed or 0) > 0 or (peak or 0) > 0:
         return []
     seen = "no op ran on" if executed is not None else "no memory was allocated on"
+    hint = (f"move the model and its inputs to the device (model.to(device), batch.to(device)) with device = "
+            f"torch.accelerator.current_accelerator(); drop options that turn the accelerator off (--no-accel, "
+            f"--cpu), or pass --device {{device}} after -- if the script takes one")
+    detail = "everything ran on the CPU, so nothing about the target was tested"
+    accelerate = tgt.get("accelerate") or {}
+    if accelerate.get("device", "").startswith("cpu"):
+        detail = (f"Hugging Face accelerate {accelerate.get('version', '')} (behind transformers' Trainer) placed "
+                  f"the model on the CPU: it does not know the {ctx.device} device")
+        hint = (f"accelerate picks among the devices it knows (cuda, xpu, mps, npu, ...), and {ctx.device} is not "
+                f"one of them: train with a loop that moves the model and batches with "
+                f"torch.accelerator.current_accelerator(), or use an accelerate release that supports "
+                f"{ctx.device} (its PrivateUse1 support), then check again")
     return [Finding(
         check="target-used", severity="error", subject="unused",
         title=f"the script never used the target device: {seen} {ctx.device} while it ran",
-        detail="everything ran on the CPU, so nothing about the target was tested",
-        hint=(f"move the model and its inputs to the device (model.to(device), batch.to(device)) with device = "
-              f"torch.accelerator.current_accelerator(); drop options that turn the accelerator off (--no-accel, "
-              f"--cpu), or pass --device {{device}} after -- if the script takes one"))]
+        detail=detail, hint=hint)]
 
 
 # ---------------------------------------------------------------- numerics
@@ -275,6 +284,17 @@ def _next_pow2(v: int) -> int:
     return 1 << max(0, (v - 1).bit_length())
 
 
+def check_script_compiles(obs: dict, ctx: CheckContext) -> list[Finding]:
+    """A script that compiles its own model (nanoGPT's --compile) is compared in the compile convention."""
+    where = (obs.get("target") or {}).get("script_compiles") or []
+    if not where:
+        return []
+    how = ("the target ran it compiled with its own backend, the reference eagerly: the curves compare compiled "
+           "training against eager" if ctx.mode != "compile" else "compiled on the target, eager on the reference")
+    return [Finding(check="compile", severity="info", subject="script",
+                    title=f"the script compiles its own model (torch.compile at {', '.join(where[:3])}): {how}")]
+
+
 def check_recompilation(obs: dict, ctx: CheckContext) -> list[Finding]:
     comp = obs.get("target", {}).get("compile")
     if not comp:
@@ -346,6 +366,8 @@ def check_recompilation(obs: dict, ctx: CheckContext) -> list[Finding]:
 # ---------------------------------------------------------------- 64-bit tensors
 def check_wide_dtypes(obs: dict, ctx: CheckContext) -> list[Finding]:
     tgt = obs.get("target", {})
+    if ctx.mode != "compile" and not tgt.get("script_compiles"):
+        return []  # eager code keeps its dtypes: the narrowing happens in compiled graphs only
     wide = tgt.get("wide_tensors") or []
     findings = []
     when = "in the compiled graphs" if ctx.mode == "compile" else "when the model is compiled (torch.compile)"
@@ -448,6 +470,11 @@ def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
         data["draws_on_device"] = draws["on_device"]
     shared = (f" (the target took the reference's {draws['on_device']} random draws on the device)"
               if draws.get("on_device") else "")
+    steps = (obs.get("target") or {}).get("steps") or {}
+    if steps.get("optimizer") and steps.get("backward", 0) > steps["optimizer"]:
+        data["backward_passes"] = steps["backward"]
+        shared += (f"; a step is an optimizer step: {steps['optimizer']} steps of {steps['backward']} backward "
+                   "passes (gradient accumulation), each step's loss the mean of its passes'")
     if cmp and not cmp.informative:
         findings.append(Finding(check="loss-curves", severity="warning", title=f"{cmp.summary()}{shared}",
                                 detail=cmp.note, data=data,
@@ -534,8 +561,8 @@ def check_outputs(obs: dict, ctx: CheckContext) -> list[Finding]:
     return findings
 
 
-CHECKS = (check_runs, check_target_used, check_numerics, check_fallback, check_placement, check_recompilation, check_wide_dtypes,
-          check_curves, check_outputs)
+CHECKS = (check_runs, check_target_used, check_numerics, check_fallback, check_placement, check_script_compiles,
+          check_recompilation, check_wide_dtypes, check_curves, check_outputs)
 
 
 def run_checks(obs: dict, ctx: CheckContext) -> list[Finding]:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import warnings
 from contextlib import contextmanager
@@ -69,6 +70,34 @@ _audit_installed = False
 
 # The harness's own stores, which other checks running beside this one may write at any time.
 HARNESS_FILES = ("results.sqlite", "reference_cache.sqlite")
+# Files the harness's own process writes while the sides run (the user's shell redirecting its output into
+# a file of the working directory): "device:inode" pairs, set by validate.run; never the script's writes.
+HARNESS_OUTPUTS_ENV = "NEURON_VALIDATE_HARNESS_OUTPUTS"
+PARENT_LEVELS = 2  # folders above the working directory mirrored too: ``../data`` resolves as without the tool
+
+
+def harness_outputs() -> str:
+    """This process's stdout and stderr, where they are files: the value of HARNESS_OUTPUTS_ENV."""
+    ids = []
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            ids.append(f"{st.st_dev}:{st.st_ino}")
+    return ",".join(ids)
+
+
+def _harness_owned(path: str) -> bool:
+    owned = os.environ.get(HARNESS_OUTPUTS_ENV, "")
+    if not owned:
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return f"{st.st_dev}:{st.st_ino}" in owned.split(",")
 
 
 def _stamp(path: str) -> tuple[int, int] | None:
@@ -97,24 +126,44 @@ def _mirror(source: str, into: Path, depth: int, skip: str, stamps: dict[str, tu
             continue
         if not target.exists():
             target.symlink_to(entry.path)
-        if entry.is_file() and not entry.name.startswith(HARNESS_FILES):
+        if entry.is_file() and not entry.name.startswith(HARNESS_FILES) and not _harness_owned(entry.path):
             stamps[entry.path] = _stamp(entry.path)
+
+
+def _ancestors(path: str, levels: int) -> list[str]:
+    """``path`` and up to ``levels`` folders above it, the file system's root left out."""
+    chain = [path]
+    for _ in range(levels):
+        parent = os.path.dirname(chain[-1])
+        if parent == chain[-1] or os.path.dirname(parent) == parent:
+            break
+        chain.append(parent)
+    return chain
 
 
 @contextmanager
 def _own_working_directory(folder: str):
     """The side runs in a working directory of its own, so that the two sides' outputs cannot overwrite each
-    other: a mirror of the user's working directory whose entries are links (relative inputs still resolve).
-    Yields a dict filled at the end: ``created`` (files the side wrote in its own folder) and ``shared``
-    (files it wrote in the user's directory through a link: both sides write those). Writes are seen through
-    Python's audit hook for ``open`` and, for the files linked directly (C code writes without ``open``),
-    through their changed stamps; the harness's own stores are left out."""
+    other: a mirror of the user's working directory whose entries are links (relative inputs still resolve),
+    inside mirrors of the PARENT_LEVELS folders above it, so that ``../data`` resolves as it would without
+    the tool (pytorch/examples read their data there). Yields a dict filled at the end: ``created`` (files
+    the side wrote in its own folders) and ``shared`` (files it wrote in the user's folders through a link:
+    both sides write those). Writes are seen through Python's audit hook for ``open`` and, for the files
+    linked directly (C code writes without ``open``), through their changed stamps; the harness's own
+    stores and the files its own process writes (a shell redirection) are left out."""
     global _writes, _audit_installed
     original = os.getcwd()
-    here = Path(folder) / "cwd"
-    here.mkdir(parents=True, exist_ok=True)
+    chain = _ancestors(original, PARENT_LEVELS)
+    top = Path(folder) / "cwd"
+    top.mkdir(parents=True, exist_ok=True)
     stamps: dict[str, tuple | None] = {}
-    _mirror(original, here, 2, os.path.abspath(folder), stamps)
+    own = os.path.abspath(folder)
+    here = top
+    for level, child in zip(reversed(chain[1:]), reversed(chain[:-1])):
+        (here / os.path.basename(child)).mkdir(exist_ok=True)  # a real folder: not linked by the mirror
+        _mirror(level, here, 0, own, stamps)
+        here = here / os.path.basename(child)
+    _mirror(original, here, 2, own, stamps)
     files: dict = {"cwd": str(here), "created": [], "shared": []}
     if not _audit_installed:
         sys.addaudithook(_audit)
@@ -128,16 +177,18 @@ def _own_working_directory(folder: str):
         written, _writes = _writes, None
         os.chdir(original)
         os.environ.pop(DISPLAY_ROOT_ENV, None)
-        for root, dirs, names in os.walk(here):
+        for root, dirs, names in os.walk(top):
             dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
             files["created"] += sorted(os.path.relpath(os.path.join(root, n), here) for n in names
                                        if not os.path.islink(os.path.join(root, n)))
         files["created"] = files["created"][:50]
-        user, ours = os.path.realpath(original), (os.path.realpath(folder), os.path.realpath(here))
+        user, ours = os.path.realpath(chain[-1]), (os.path.realpath(folder), os.path.realpath(top))
         changed = {os.path.realpath(p) for p, stamp in stamps.items() if _stamp(p) != stamp}
-        shared = (os.path.relpath(p, user) for p in written | changed
-                  if p.startswith(user + os.sep) and not p.startswith(tuple(o + os.sep for o in ours)))
-        files["shared"] = sorted(p for p in shared if not any(part.startswith(".") for part in Path(p).parts))[:50]
+        shared = (os.path.relpath(p, os.path.realpath(original)) for p in written | changed
+                  if p.startswith(user + os.sep) and not p.startswith(tuple(o + os.sep for o in ours))
+                  and not _harness_owned(p) and not os.path.basename(p).startswith(HARNESS_FILES))
+        files["shared"] = sorted(p for p in shared if not any(part.startswith(".") and part != ".."
+                                                              for part in Path(p).parts))[:50]
 
 
 def execute_side(case: Case, ctx) -> Outcome:

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import torch
 
-from diff.localize import SourceLine, TraceEvent, find_source
+from diff.localize import SourceLine, TraceEvent, exception_frames, find_source
 
 COPY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::to", "aten::_copy_from", "aten::_copy_from_and_resize"})
 CREATION_OPS = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy", "aten::lift", "aten::scalar_tensor"})
@@ -147,14 +147,10 @@ def compile_observations() -> dict:
 
 def error_info(exc: BaseException, *, files: Iterable[str] = (), phase: str = "") -> dict:
     """One-line description of an exception and the user's line that raised it."""
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append((os.path.abspath(tb.tb_frame.f_code.co_filename), tb.tb_lineno, tb.tb_frame.f_code.co_name))
-        tb = tb.tb_next
+    frames = exception_frames(exc)  # innermost first
     if isinstance(exc, SyntaxError) and exc.filename:
-        frames.append((os.path.abspath(exc.filename), exc.lineno or 0, "<module>"))
-    source = find_source(frames[::-1], frozenset(os.path.abspath(f) for f in files))
+        frames.insert(0, (os.path.abspath(exc.filename), exc.lineno or 0, "<module>"))
+    source = find_source(frames, frozenset(os.path.abspath(f) for f in files))
     lines = str(exc).strip().splitlines()
     return {
         "type": type(exc).__name__,

@@ -111,7 +111,10 @@ def observe(options: ValidateOptions, on_progress: ProgressFn | None = None) -> 
     """Runs the sides and returns the merged observations; ScriptProblem for the script's own faults."""
     import time
 
+    from .execute import HARNESS_OUTPUTS_ENV, harness_outputs
+
     start = time.monotonic()
+    os.environ[HARNESS_OUTPUTS_ENV] = harness_outputs()  # the sides inherit it: a shell redirection is ours
     training = options.script.convention != FUNCTIONS
     cores = os.cpu_count() or 1
     settings = RunSettings(target=options.target, reference=options.reference,

@@ -49,8 +49,13 @@ class _State:
     def __init__(self, spec: ChildSpec, progress) -> None:
         self.spec = spec
         self.progress = progress
-        self.losses: list[float] = []
+        self.losses: list[float] = []  # one per optimizer step (per backward() where no optimizer steps)
         self.times: list[float] = []
+        self.micro_losses: list[float] = []  # one per backward(): gradient accumulation makes several a step
+        self.micro_times: list[float] = []
+        self.pending: list[float] = []  # backward() losses since the last optimizer step
+        self.optimizer_steps = 0
+        self.script_compiles: list[str] = []  # where the script calls torch.compile itself
         self.first_call_time: float | None = None
         self.depth = 0
         self.captured = False
@@ -74,6 +79,16 @@ class _State:
         # train() mode] (the backend records forward and backward graphs as events of their own).
         self.graph_modes: list = []
         self.compile_events = None  # the emulated backend's event list, where there is one
+
+    def completed_steps(self) -> int:
+        """Training steps so far: optimizer steps, or backward() calls in a script that steps no optimizer."""
+        return self.optimizer_steps if self.optimizer_steps else len(self.micro_losses)
+
+    def curve(self) -> tuple[list[float], list[float]]:
+        """(losses, end times) per step: each optimizer step's is the mean of its backward() losses."""
+        if self.optimizer_steps:
+            return self.losses, self.times
+        return self.micro_losses, self.micro_times
 
     def note_graph(self, gm) -> None:
         root = self.root() if self.root is not None else None
@@ -109,13 +124,28 @@ def _install(state: _State, torch, here) -> dict:
             t = tensors if isinstance(tensors, torch.Tensor) else (
                 tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else None)
             if isinstance(t, torch.Tensor) and t.numel() == 1:
-                if spec.steps is not None and len(state.losses) >= spec.steps:
+                if spec.steps is not None and state.completed_steps() >= spec.steps:
                     raise StopScript()
                 value = float(t.detach().float().cpu())
-                state.losses.append(value)
-                state.times.append(time.perf_counter())
-                state.progress(side=spec.side, phase="train", step=len(state.losses), steps=spec.steps, loss=value)
+                state.micro_losses.append(value)
+                state.micro_times.append(time.perf_counter())
+                state.pending.append(value)
+                if not state.optimizer_steps:
+                    state.progress(side=spec.side, phase="train", step=len(state.micro_losses), steps=spec.steps,
+                                   loss=value)
         return orig_backward(tensors, grad_tensors, *args, **kwargs)
+
+    def optimizer_step(optimizer, args, kwargs) -> None:
+        """A global post-hook of every optimizer's step(): closes a training step (gradient accumulation
+        gives it several backward() calls; a GradScaler that skips a step leaves them to the next)."""
+        if not state.recording or not state.pending:
+            return
+        state.optimizer_steps += 1
+        value = sum(state.pending) / len(state.pending)
+        state.losses.append(value)
+        state.times.append(time.perf_counter())
+        state.pending = []
+        state.progress(side=spec.side, phase="train", step=state.optimizer_steps, steps=spec.steps, loss=value)
 
     def call(self, *args, **kwargs):
         if state.captured or state.depth or not state.recording or torch.compiler.is_compiling():
@@ -161,6 +191,8 @@ def _install(state: _State, torch, here) -> dict:
         return out
 
     def compile_(model=None, *args, **kwargs):
+        caller = sys._getframe(1)
+        state.script_compiles.append(f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}")
         if spec.side != "target" and not here.compiles:
             if model is None:
                 return lambda m: m
@@ -176,6 +208,9 @@ def _install(state: _State, torch, here) -> dict:
     torch.autograd.backward = backward
     torch.nn.Module.__call__ = call
     torch.compile = compile_
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    originals["step_hook"] = register_optimizer_step_post_hook(optimizer_step)
     return originals
 
 
@@ -300,17 +335,21 @@ def observe(spec: ChildSpec, progress) -> dict:
             torch.autograd.backward = originals["backward"]
             torch.nn.Module.__call__ = originals["call"]
             torch.compile = originals["compile"]
+            originals["step_hook"].remove()
     side.seconds = time.perf_counter() - start
     side.ran = side.error is None
     side.fingerprints = state.fingerprints
-    if state.losses:
+    losses, times = state.curve()
+    if losses:
         first = state.first_call_time or start
-        stamps = [first, *state.times]
+        stamps = [first, *times]
         steps = [b - a for a, b in zip(stamps, stamps[1:])]
         from diff.curves import LossCurve
 
-        side.curve = LossCurve(label=here.describe(), losses=tuple(state.losses), step_seconds=tuple(steps)).to_dict()
+        side.curve = LossCurve(label=here.describe(), losses=tuple(losses), step_seconds=tuple(steps)).to_dict()
     side.extra["stopped_at_steps"] = stopped
+    side.extra["steps"] = {"optimizer": state.optimizer_steps, "backward": len(state.micro_losses)}
+    side.extra["script_compiles"] = list(dict.fromkeys(state.script_compiles))
     side.extra["draws"] = draws.log.to_dict()
     side.extra["model"] = {"class": state.root_type} if state.root_type else None
     if spec.side == "target":
@@ -323,9 +362,10 @@ def observe(spec: ChildSpec, progress) -> dict:
         side.extra["executed_ops"] = len(trace.executed) if trace else None
         side.extra["random_ops"] = list(dict.fromkeys(draws.log.draws[i].op for i in draws.log.on_device))
         side.extra["device_memory_peak"] = here.peak_memory()  # evidence of use where ops are not tracked
+        side.extra["accelerate"] = _accelerate_state()
         side.extra["placement"] = state.root_scan or {"cpu_state": [], "plain_tensors": []}
         side.extra["wide_tensors"] = state.wide
-        if here.compiles:
+        if here.compiles or state.script_compiles:
             side.extra["compile"] = {**compile_observations(), "graphs": sum(c.graphs for c in state.counters),
                                      "training": state.graph_modes}
         why = _why_no_gradients(state)
@@ -359,6 +399,20 @@ def observe(spec: ChildSpec, progress) -> dict:
     result[spec.side] = side.to_dict()
     result["notes"] += state.notes
     return result
+
+
+def _accelerate_state() -> dict | None:
+    """Hugging Face accelerate's version and the device it chose, where the script used it (Trainer does)."""
+    accelerate = sys.modules.get("accelerate")
+    if accelerate is None:
+        return None
+    try:
+        from accelerate.state import PartialState
+
+        device = str(PartialState().device) if PartialState._shared_state else ""
+    except Exception:  # noqa: BLE001 - a version without that API: the version alone still helps
+        device = ""
+    return {"version": getattr(accelerate, "__version__", ""), "device": device}
 
 
 def _draws_for(spec: ChildSpec, here):

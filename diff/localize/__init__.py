@@ -39,10 +39,10 @@ from .results import (
     TargetFailure,
     TraceEvent,
 )
-from .source import SourceLine, find_source
+from .source import SourceLine, exception_frames, find_source
 from .tracer import OpTracer
 
 __all__ = [
     "LayerError", "Localization", "OpDivergence", "OpError", "OpTracer", "PHASES", "ROOT", "ReferenceFailure",
-    "SourceLine", "TargetFailure", "TraceEvent", "find_source", "localize",
+    "SourceLine", "TargetFailure", "TraceEvent", "exception_frames", "find_source", "localize",
 ]

@@ -39,6 +39,12 @@ def _is_library(filename: str) -> bool:
     return filename.startswith(_LIBRARY_DIRS) or filename.startswith("<")
 
 
+def _path(filename: str) -> str:
+    """An absolute path, except for code that has no file ("<string>": exec'd or generated code such as a
+    dataclass's __init__), which must never be taken for a file of the working directory."""
+    return filename if filename.startswith("<") else os.path.abspath(filename)
+
+
 def find_source(frames: Iterable[tuple[str, int, str]], source_files: frozenset[str]) -> SourceLine | None:
     """The innermost frame in the user's files, else the innermost frame outside torch, the harness and the stdlib.
 
@@ -56,7 +62,7 @@ def find_source(frames: Iterable[tuple[str, int, str]], source_files: frozenset[
 def _python_frames(start) -> Iterable[tuple[str, int, str]]:
     frame = start
     while frame is not None:
-        yield os.path.abspath(frame.f_code.co_filename), frame.f_lineno, frame.f_code.co_name
+        yield _path(frame.f_code.co_filename), frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
 
 
@@ -69,7 +75,7 @@ def _traceback_frames(text: str) -> list[tuple[str, int, str]]:
             try:
                 name, rest = line[6:].split('", line ', 1)
                 number, _, function = rest.partition(", in ")
-                frames.append((os.path.abspath(name), int(number), function.strip()))
+                frames.append((_path(name), int(number), function.strip()))
             except ValueError:
                 continue
     return frames[::-1]
@@ -93,7 +99,7 @@ def exception_frames(exc: BaseException) -> list[tuple[str, int, str]]:
     frames = []
     tb = exc.__traceback__
     while tb is not None:
-        frames.append((os.path.abspath(tb.tb_frame.f_code.co_filename), tb.tb_lineno, tb.tb_frame.f_code.co_name))
+        frames.append((_path(tb.tb_frame.f_code.co_filename), tb.tb_lineno, tb.tb_frame.f_code.co_name))
         tb = tb.tb_next
     return frames[::-1]
 
