@@ -1,9 +1,12 @@
 """``ModelConfig``: one point of the zoo's configuration space, with a stable id.
 
 A config names an architecture and a value on every axis. Its id is a hash of
-all its fields, so the same config gets the same id in every process and on
-every machine, and a result stored under an id can always be rebuilt from it
-(``ModelConfig.from_dict``). Zero for ``batch`` or ``size`` and ``None`` for a
+the fields it sets (``set_fields``: those away from their defaults), so the
+same config gets the same id in every process and on every machine, a new
+field with a default renames no config (the gate would see every stored case
+as missing), and a result stored under an id can always be rebuilt from it
+(``ModelConfig.from_dict``). The price: changing a field's default changes
+what an old id runs, so a default, once published, stays. Zero for ``batch`` or ``size`` and ``None`` for a
 size knob mean "the architecture's default"; ``registry.resolve`` fills them
 in, and every config the space enumerates is already resolved.
 """
@@ -77,12 +80,17 @@ class ModelConfig:
 
     @property
     def config_id(self) -> str:
-        """First 16 hex digits of the SHA-1 of the canonical JSON of all fields."""
-        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """First 16 hex digits of the SHA-1 of the canonical JSON of the fields it sets."""
+        text = json.dumps(self.set_fields(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def set_fields(self) -> dict[str, Any]:
+        """``arch`` and every field away from its default: what identifies the config, and all ``from_dict`` needs."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name == "arch" or getattr(self, f.name) != f.default}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ModelConfig":

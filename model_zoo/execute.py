@@ -35,10 +35,20 @@ NOISE_RUNS = 2  # perturbed reference runs of a zoo case whose target has a prec
 
 
 def model_case(config) -> Case:
-    """The Case of a model_zoo.ModelConfig."""
+    """The Case of a model_zoo.ModelConfig. Its config holds only the fields set, so its id survives a new field."""
     return Case(kind="model", name=config.arch, family=config.family, dtype=config.dtype,
                 mode=config.mode if config.mode != "steps" else f"steps{config.steps}",
-                config={**config.to_dict(), "execution": config.execution}, seed=config.seed)
+                config=config.set_fields(), seed=config.seed)
+
+
+def current_case(case: Case) -> Case:
+    """A stored model case as this version makes it: its architecture under its current name (registry aliases),
+    its config reduced to the fields set. The gate finds a baseline's result under this case's id."""
+    from . import registry
+    from .config import ModelConfig
+
+    config = ModelConfig.from_dict(case.config)
+    return model_case(config.replace(arch=registry.current_name(config.arch)))
 
 
 def run_side(built, config, device, *, prepare=None, dtype=None, in_place: bool = False) -> dict:

@@ -15,6 +15,12 @@ decorators fill the registry:
 Unlike timm's registry, a duplicate name raises ``DuplicateModelError`` and an
 unknown name raises ``UnknownModelError`` listing the closest names.
 
+A renamed architecture keeps its old name as an alias (``register_alias(old,
+new)``, timm's deprecation map): reading the old name gives the new entry, a
+config under the old name resolves to the new one, and the gate finds a
+baseline's results stored under the old name (``current_name``). An alias is
+never listed, and may not shadow a registered name.
+
 The modules that register families are found through the entry point group
 ``neuron_validate.model_families`` (pyproject.toml), the way pytest finds its
 plugins: the registry never imports them by name, they import the registry,
@@ -155,6 +161,7 @@ class Registry:
         self._entries: dict[str, ModelEntry] = {}
         self._family_loaders: dict[str, Callable[[], Iterable[ModelEntry]]] = {}
         self._family_modules = family_modules
+        self._aliases: dict[str, str] = {}  # old name -> the name it was renamed to
         self._loaded = False
         self._loading = False
 
@@ -162,8 +169,20 @@ class Registry:
     def add(self, entry: ModelEntry) -> ModelEntry:
         if entry.name in self._entries:
             raise DuplicateModelError(f"model {entry.name!r} is already registered")
+        if entry.name in self._aliases:
+            raise DuplicateModelError(f"model {entry.name!r} is an alias of {self._aliases[entry.name]!r}")
         self._entries[entry.name] = entry
         return entry
+
+    def register_alias(self, old: str, new: str) -> None:
+        """Records that architecture ``old`` is now ``new``; its task variants (``old:task``) follow."""
+        if old in self._aliases:
+            raise DuplicateModelError(f"alias {old!r} is already registered (-> {self._aliases[old]!r})")
+        if old in self._entries:
+            raise DuplicateModelError(f"alias {old!r} would shadow the registered model {old!r}")
+        if old == new:
+            raise ValueError(f"alias {old!r} -> {new!r}: an alias names another model")
+        self._aliases[old] = new
 
     def register_model(self, name: str, **entry_fields: Any) -> Callable[[Builder], Builder]:
         """Decorator: registers the decorated builder under ``name``."""
@@ -240,16 +259,31 @@ class Registry:
             if wanted is None or entry.family in wanted:
                 yield entry
 
-    def get_entry(self, name: str) -> ModelEntry:
+    def current_name(self, name: str) -> str:
+        """``name`` with its aliases followed (``old:task`` -> ``new:task``); any other name as it is."""
         self._ensure_loaded()
+        seen = [name]
+        while name not in self._entries:
+            base, sep, task = name.partition(":")
+            if name in self._aliases:
+                name = self._aliases[name]
+            elif base in self._aliases:
+                name = self._aliases[base] + sep + task
+            else:
+                break
+            if name in seen:
+                raise ValueError(f"aliases in a circle: {' -> '.join([*seen, name])}")
+            seen.append(name)
+        return name
+
+    def get_entry(self, name: str) -> ModelEntry:
         try:
-            return self._entries[name]
+            return self._entries[self.current_name(name)]
         except KeyError:
             raise UnknownModelError(self._unknown_message(name)) from None
 
     def __contains__(self, name: object) -> bool:
-        self._ensure_loaded()
-        return name in self._entries
+        return isinstance(name, str) and self.current_name(name) in self._entries
 
     def __len__(self) -> int:
         return len(self.names())
@@ -266,9 +300,9 @@ class Registry:
         return f"unknown model {name!r}; {hint}"
 
     def resolve(self, config: ModelConfig) -> ModelConfig:
-        """``config`` with its default batch and size filled in from the entry."""
+        """``config`` under the architecture's current name, with its default batch and size filled in from the entry."""
         entry = self.get_entry(config.arch)
-        changes: dict[str, Any] = {}
+        changes: dict[str, Any] = {"arch": entry.name} if entry.name != config.arch else {}
         if config.batch == 0:
             changes["batch"] = entry.default_batch
         if config.size == 0:
@@ -279,6 +313,8 @@ class Registry:
 REGISTRY = Registry(family_modules)
 register_model = REGISTRY.register_model
 register_family = REGISTRY.register_family
+register_alias = REGISTRY.register_alias
+current_name = REGISTRY.current_name
 list_models = REGISTRY.list_models
 get_entry = REGISTRY.get_entry
 resolve = REGISTRY.resolve

@@ -111,3 +111,29 @@ def test_gate_fails_closed_when_reruns_cannot_start(tmp_path):
         report = run_gate(store, build="new", baseline="old", options=GateOptions(reruns=2, write_repros=False))
     assert report.exit_code == 1 and [c.case.name for c in report.regressions] == ["neg"]
     assert any("reruns stopped" in n and "CUDA" in n for n in report.notes), report.notes
+
+
+def test_a_baseline_keeps_its_model_cases_across_a_rename_and_the_id_change(tmp_path, monkeypatch):
+    """A renamed architecture (a registry alias) and a case stored when ids hashed every config field are
+    found under their ids of today, not reported missing; a case that is really gone still is."""
+    from dataclasses import replace
+
+    from model_zoo import ModelConfig, registry
+    from model_zoo.execute import model_case
+    from model_zoo.registry import ModelEntry, Registry
+
+    zoo = Registry()
+    zoo.add(ModelEntry(name="toy/new", modality="text", builder=lambda config, entry: None, sizes=(8,)))
+    zoo.register_alias("toy/old", "toy/new")
+    monkeypatch.setattr(registry, "current_name", zoo.current_name)
+    renamed = ModelConfig(arch="toy/old", batch=2, size=8)
+    evaluated = ModelConfig(arch="toy/new", batch=1, size=8, mode="eval")
+    stored_whole = replace(model_case(evaluated), config=evaluated.to_dict())  # None knobs, defaults, all of it
+    gone = model_case(ModelConfig(arch="toy/gone", batch=2, size=8))
+    now_renamed, now_evaluated = model_case(zoo.resolve(renamed)), model_case(evaluated)
+    assert model_case(renamed).id != now_renamed.id and stored_whole.id != now_evaluated.id
+    with ResultStore.open(tmp_path / "runs") as s:
+        write_build(s, "old", [(model_case(renamed), "pass"), (stored_whole, "pass"), (gone, "pass")], created=1.0)
+        write_build(s, "new", [(now_renamed, "mismatch"), (now_evaluated, "pass")], created=2.0)
+        verdicts = {c.case_id: c.verdict for c in compare_builds(s, "new", "old").changes}
+    assert verdicts == {now_renamed.id: Verdict.REGRESSION, now_evaluated.id: Verdict.PASS, gone.id: Verdict.MISSING}

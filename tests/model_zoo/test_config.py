@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import pytest
 
 from model_zoo import ModelConfig, default_config
+from model_zoo.execute import model_case
 
 CONFIGS = [
     ModelConfig(arch="timm/resnet18", batch=2, size=32),
@@ -18,12 +21,30 @@ CONFIGS = [
 ]
 
 
-def test_round_trip_and_id_format():
+def test_round_trip_and_ids_tell_configs_apart():
     for cfg in CONFIGS:
         assert ModelConfig.from_dict(cfg.to_dict()) == cfg
-        assert len(cfg.config_id) == 16 and int(cfg.config_id, 16) >= 0
+        assert ModelConfig.from_dict(cfg.set_fields()) == cfg  # what a model case stores is enough to rebuild it
+        assert re.fullmatch("[0-9a-f]{16}", cfg.config_id)
     assert len({c.config_id for c in CONFIGS}) == len(CONFIGS)
-    assert CONFIGS[0].replace(dtype="float16").config_id != CONFIGS[0].config_id
+    for field, value in (("dtype", "float16"), ("seed", 1), ("hidden", 32), ("execution", "compile")):
+        assert CONFIGS[0].replace(**{field: value}).config_id != CONFIGS[0].config_id, field
+
+
+def test_ids_hash_only_the_fields_set():
+    """A new axis with a default must not rename every stored model case (the gate would call them all missing)."""
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class Wider(ModelConfig):
+        new_axis: str = "off"
+
+    for cfg in CONFIGS:
+        wide = Wider(**cfg.to_dict())
+        assert wide.config_id == cfg.config_id
+        assert model_case(wide).id == model_case(cfg).id
+        assert model_case(cfg).config == cfg.set_fields()
+    assert Wider(**CONFIGS[0].to_dict(), new_axis="on").config_id != CONFIGS[0].config_id
+    assert ModelConfig(arch="timm/resnet18", layers=None, seed=0).set_fields() == {"arch": "timm/resnet18"}
 
 
 def test_ids_are_stable_across_processes():

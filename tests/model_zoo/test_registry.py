@@ -95,3 +95,34 @@ def test_import_and_listing_import_no_model_package():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(None, 1)
     assert int(out[0]) > 2000
     assert out[1].strip() == "[]"
+
+
+def test_a_renamed_architecture_answers_to_its_old_name():
+    from model_zoo.config import ModelConfig
+
+    reg = Registry()
+    reg.add(ModelEntry(name="toy/new", modality="text", builder=_builder, sizes=(8,)))
+    reg.add(ModelEntry(name="toy/new:lm", modality="text", builder=_builder, variant_of="toy/new"))
+    reg.register_alias("toy/old", "toy/new")
+    assert reg.get_entry("toy/old").name == "toy/new"
+    assert reg.get_entry("toy/old:lm").name == "toy/new:lm", "task variants follow their architecture"
+    assert "toy/old" in reg and reg.list_models() == ["toy/new", "toy/new:lm"], "an alias is never listed"
+    assert reg.resolve(ModelConfig(arch="toy/old")) == ModelConfig(arch="toy/new", batch=2, size=8)
+    with pytest.raises(UnknownModelError, match="toy/newer"):
+        reg.get_entry("toy/newer")
+
+
+def test_aliases_are_strict():
+    reg = Registry()
+    reg.add(ModelEntry(name="toy/a", modality="text", builder=_builder))
+    reg.register_alias("toy/old", "toy/a")
+    with pytest.raises(DuplicateModelError, match="already registered"):
+        reg.register_alias("toy/old", "toy/b")
+    with pytest.raises(DuplicateModelError, match="shadow"):
+        reg.register_alias("toy/a", "toy/b")
+    with pytest.raises(DuplicateModelError, match="alias"):
+        reg.add(ModelEntry(name="toy/old", modality="text", builder=_builder))
+    reg.register_alias("toy/x", "toy/y")
+    reg.register_alias("toy/y", "toy/x")
+    with pytest.raises(ValueError, match="circle"):
+        reg.get_entry("toy/x")
