@@ -11,8 +11,28 @@ the command reports it in one line with exit code 2.
 from __future__ import annotations
 
 import math
+import os
+import stat
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+# Files the harness's own process writes while the sides run (the user's shell redirecting its output into
+# a file of the working directory): "device:inode" pairs, set by validate.run; never the script's writes.
+HARNESS_OUTPUTS_ENV = "NEURON_VALIDATE_HARNESS_OUTPUTS"
+
+
+def harness_outputs() -> str:
+    """This process's stdout and stderr, where they are files: the value of HARNESS_OUTPUTS_ENV."""
+    ids = []
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            ids.append(f"{st.st_dev}:{st.st_ino}")
+    return ",".join(ids)
+
 
 class ScriptProblem(Exception):
     """The user's script or input is at fault (exit code 2), not the target."""

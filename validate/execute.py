@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import os
-import stat
 import sys
 import warnings
 from contextlib import contextmanager
@@ -22,7 +21,7 @@ from conformance.outcome import Outcome, Status
 from conformance.paths import DISPLAY_ROOT_ENV
 from runner.executors import Executor
 
-from .common import ChildSpec, ScriptProblem, json_ready
+from .common import HARNESS_OUTPUTS_ENV, ChildSpec, ScriptProblem, json_ready
 from .script import FUNCTIONS, ScriptError, inspect_script
 
 
@@ -70,23 +69,7 @@ _audit_installed = False
 
 # The harness's own stores, which other checks running beside this one may write at any time.
 HARNESS_FILES = ("results.sqlite", "reference_cache.sqlite")
-# Files the harness's own process writes while the sides run (the user's shell redirecting its output into
-# a file of the working directory): "device:inode" pairs, set by validate.run; never the script's writes.
-HARNESS_OUTPUTS_ENV = "NEURON_VALIDATE_HARNESS_OUTPUTS"
 PARENT_LEVELS = 2  # folders above the working directory mirrored too: ``../data`` resolves as without the tool
-
-
-def harness_outputs() -> str:
-    """This process's stdout and stderr, where they are files: the value of HARNESS_OUTPUTS_ENV."""
-    ids = []
-    for fd in (1, 2):
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode):
-            ids.append(f"{st.st_dev}:{st.st_ino}")
-    return ",".join(ids)
 
 
 def _harness_owned(path: str) -> bool:

@@ -30,7 +30,7 @@ from diff.judge import classify_error
 from runner.supervisor import Job, Supervisor
 
 from .checks import CheckContext, curve_comparison, run_checks
-from .common import ChildSpec, ScriptProblem
+from .common import HARNESS_OUTPUTS_ENV, ChildSpec, ScriptProblem, harness_outputs
 from .report import build_report, write_reports
 from .script import FUNCTIONS, ScriptInfo
 from .verdict import NOT_READY, READY_WITH_WARNINGS, Finding, verdict_of
@@ -110,8 +110,6 @@ def _describe_failure(outcome: Outcome, last: dict) -> str:
 def observe(options: ValidateOptions, on_progress: ProgressFn | None = None) -> dict:
     """Runs the sides and returns the merged observations; ScriptProblem for the script's own faults."""
     import time
-
-    from .execute import HARNESS_OUTPUTS_ENV, harness_outputs
 
     start = time.monotonic()
     os.environ[HARNESS_OUTPUTS_ENV] = harness_outputs()  # the sides inherit it: a shell redirection is ours
