@@ -55,10 +55,12 @@ def build_parser() -> OneLineParser:
     g.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="run a torchrun-style training script on N ranks per side (default 1)")
     o = p.add_argument_group("output")
-    o.add_argument("--out", default=None, metavar="DIR", help=f"report folder (default: {DEFAULT_OUT}/SCRIPT_NAME)")
+    o.add_argument("--out", default=None, metavar="DIR",
+                   help=f"report folder (default: a new {DEFAULT_OUT}/SCRIPT_NAME/TIME per run, the newest linked as "
+                        f"{DEFAULT_OUT}/SCRIPT_NAME/latest)")
     o.add_argument("--json", action="store_true", help="print report.json to stdout instead of the summary")
-    o.add_argument("--results", default="runs", metavar="DIR",
-                   help="results folder whose store records the check (default: runs/)")
+    o.add_argument("--results", default=None, metavar="DIR",
+                   help="results folder whose store records the check (default: --out's folder when given, else runs/)")
     o.add_argument("--build", default=None, metavar="ID",
                    help="build id to record the check under (default: derived from the target and the time)")
     return p
@@ -142,6 +144,27 @@ def _record(args, target, case, outcome) -> str | None:
         raise UsageError(f"--results {args.results}: {exc}") from None
 
 
+def run_folder(base: Path) -> Path:
+    """A new folder per run under ``base`` (named by the time), so that no run overwrites another's report;
+    ``base/latest`` links the newest."""
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder, n = base / stamp, 1
+    while folder.exists():
+        n += 1
+        folder = base / f"{stamp}-{n}"
+    folder.mkdir(parents=True)
+    latest = base / "latest"
+    try:
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        latest.symlink_to(folder.name)
+    except OSError:  # a file system without links: the folder names still sort by time
+        pass
+    return folder
+
+
 def cmd_validate(args) -> int:
     from rich.console import Console
 
@@ -159,9 +182,11 @@ def cmd_validate(args) -> int:
         raise UsageError(f"--rtol {args.rtol:g}: must be 0 or more")
     if args.max_failing_steps is not None and args.max_failing_steps < 0:
         raise UsageError(f"--max-failing-steps {args.max_failing_steps}: must be 0 or more")
-    out = Path(args.out) if args.out else DEFAULT_OUT / Path(script.path).stem
+    out = Path(args.out) if args.out else run_folder(DEFAULT_OUT / Path(script.path).stem)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is a file; expected a folder")
+    if args.results is None:  # the store goes with the run's outputs, never into the script's folder by surprise
+        args.results = str(out) if args.out else "runs"
     if Path(args.results).exists() and not Path(args.results).is_dir():
         raise UsageError(f"--results {args.results}: is a file; expected a results folder")
     target_spec, mode = _target_spec(args)

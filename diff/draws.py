@@ -55,25 +55,30 @@ def draws(func) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Draw:
-    """One random op as a side ran it: ``state`` digests the generator after the draw."""
+    """One random op as a side ran it: ``state`` digests the generator after the draw; ``moments`` are the
+    count, mean, variance and fourth central moment of what it drew (for dropout: of its mask), so that two
+    streams can be compared as distributions without shipping the values."""
 
     op: str
     shape: tuple[int, ...]
     on_device: bool
     state: str
     where: str = ""
+    moments: tuple[float, float, float, float] | None = None
 
     def describe(self) -> str:
         shape = "x".join(str(s) for s in self.shape) or "scalar"
         return f"{self.op} [{shape}]" + (f" at {self.where}" if self.where else "")
 
     def to_list(self) -> list:
-        return [self.op, list(self.shape), self.on_device, self.state, self.where]
+        return [self.op, list(self.shape), self.on_device, self.state, self.where,
+                list(self.moments) if self.moments else None]
 
     @classmethod
     def from_list(cls, data: list) -> "Draw":
-        op, shape, on_device, state, where = data
-        return cls(op=op, shape=tuple(shape), on_device=bool(on_device), state=state, where=where)
+        op, shape, on_device, state, where, moments = (list(data) + [None])[:6]
+        return cls(op=op, shape=tuple(shape), on_device=bool(on_device), state=state, where=where,
+                   moments=tuple(moments) if moments else None)
 
 
 @dataclass(slots=True)
@@ -122,6 +127,108 @@ def first_parting(reference: DrawLog, target: DrawLog) -> Parting | None:
         if r is None or t is None or r.state != t.state or r.shape != t.shape:
             return Parting(index=i, reference=r, target=t)
     return None
+
+
+# The output that carries the draw, where it is not the first (dropout's mask: the CPU's decomposition draws
+# it with bernoulli_, a device's native_dropout returns it second).
+_DRAWN_OUTPUT = {"aten::native_dropout": 1, "aten::_fused_dropout": 1}
+# Draws whose distribution depends on an input tensor's values (probabilities, rates, means): on a side
+# whose training took another path their inputs differ, so their moments are not compared.
+_VALUE_DEPENDENT = frozenset({"aten::multinomial", "aten::bernoulli", "aten::poisson", "aten::binomial",
+                              "aten::_standard_gamma", "aten::_sample_dirichlet"})
+
+
+def _value_dependent(func) -> bool:
+    name, overload = func._schema.name, func._schema.overload_name
+    return (name in _VALUE_DEPENDENT or (name == "aten::bernoulli_" and overload.startswith("Tensor"))
+            or (name in ("aten::normal", "aten::normal_functional") and "Tensor" in overload))
+
+
+def _moments(func, out) -> tuple[float, float, float, float] | None:
+    """(n, mean, variance, fourth central moment) of the drawn values, in float64 (None where the draw's
+    distribution depends on its inputs' values)."""
+    op = func._schema.name
+    if _value_dependent(func):
+        return None
+    leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    index = _DRAWN_OUTPUT.get(op, 0)
+    if index >= len(leaves) or leaves[index].numel() == 0 or leaves[index].is_complex():
+        return None
+    with torch.no_grad():
+        values = leaves[index].detach().to("cpu", torch.float64).reshape(-1)
+        if not bool(torch.isfinite(values).all()):
+            return None
+        mean = values.mean()
+        centred = values - mean
+        return (float(values.numel()), float(mean), float((centred ** 2).mean()), float((centred ** 4).mean()))
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDifference:
+    """An op whose draws on the target's own stream do not follow the reference's distribution."""
+
+    op: str
+    what: str  # "mean" | "variance"
+    target: float
+    reference: float
+    sigmas: float
+    draws: int
+
+    def describe(self) -> str:
+        return (f"{self.op}: the target's draws have {self.what} {self.target:.4g} where the reference's have "
+                f"{self.reference:.4g} ({self.sigmas:.0f} standard errors apart, over {self.draws} draws)")
+
+
+STREAM_SIGMAS = 6.0  # how far apart two streams' moments must be to differ: independent streams stay within
+
+
+def _pooled(moments: list[tuple[float, float, float, float]]) -> tuple[float, float, float, float]:
+    n = sum(m[0] for m in moments)
+    mean = sum(m[0] * m[1] for m in moments) / n
+    var = sum(m[0] * (m[2] + (m[1] - mean) ** 2) for m in moments) / n
+    m4 = sum(m[0] * m[3] for m in moments) / n  # within-draw fourth moments: enough for a standard error
+    return n, mean, var, m4
+
+
+def compare_streams(reference: DrawLog, target: DrawLog, indices) -> list[StreamDifference]:
+    """The target's draws at ``indices`` (those it made on the device, on its own stream) against the
+    reference's at the same indices, op by op: the pooled mean and variance, each against its standard
+    error. Independent streams of one distribution differ by a few standard errors; STREAM_SIGMAS more is a
+    device whose random op draws from another distribution (a wrong scale, a wrong dropout rate)."""
+    import math
+
+    by_op: dict[str, tuple[list, list]] = {}
+    for i in indices:
+        if i >= len(reference) or i >= len(target):
+            break
+        r, t = reference.draws[i], target.draws[i]
+        if r.shape != t.shape:
+            break  # the sides parted: what follows is not paired
+        if r.moments is None or t.moments is None:
+            continue
+        pair = by_op.setdefault(t.op, ([], []))
+        pair[0].append(r.moments)
+        pair[1].append(t.moments)
+    found = []
+    for op, (ref_m, tgt_m) in by_op.items():
+        n_r, mean_r, var_r, m4_r = _pooled(ref_m)
+        n_t, mean_t, var_t, m4_t = _pooled(tgt_m)
+        se_mean = math.sqrt(var_r / n_r + var_t / n_t)
+        if se_mean > 0 and abs(mean_t - mean_r) > STREAM_SIGMAS * se_mean:
+            found.append(StreamDifference(op=op, what="mean", target=mean_t, reference=mean_r,
+                                          sigmas=abs(mean_t - mean_r) / se_mean, draws=len(tgt_m)))
+            continue
+        # The variance's standard error: sqrt((m4 - var^2) / n) for each side.
+        se_var = math.sqrt(max(m4_r - var_r ** 2, 0.0) / n_r + max(m4_t - var_t ** 2, 0.0) / n_t)
+        if se_var > 0 and abs(var_t - var_r) > STREAM_SIGMAS * se_var:
+            found.append(StreamDifference(op=op, what="variance", target=var_t, reference=var_r,
+                                          sigmas=abs(var_t - var_r) / se_var, draws=len(tgt_m)))
+        elif se_var == 0 and se_mean == 0 and (var_t != var_r or mean_t != mean_r):
+            found.append(StreamDifference(op=op, what="mean" if mean_t != mean_r else "variance",
+                                          target=mean_t if mean_t != mean_r else var_t,
+                                          reference=mean_r if mean_t != mean_r else var_r,
+                                          sigmas=math.inf, draws=len(tgt_m)))
+    return found
 
 
 def _digest(generator: torch.Generator) -> str:
@@ -204,6 +311,13 @@ class SharedDraws(TorchDispatchMode):
         self.log = DrawLog()
         self._shadows: dict[int, tuple[int, torch.Generator]] = {}
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Off while torch.compile traces, on while the compiled graphs run: the mode must never make dynamo
+        skip a frame (a compiled model would then run eagerly, and a compiler bug pass unseen), and it still
+        sees the random ops a compiled graph runs (inductor's through ``fallback_random``)."""
+        return True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not draws(func):
@@ -228,7 +342,7 @@ class SharedDraws(TorchDispatchMode):
         first = next((t for t in tree_leaves(out) if isinstance(t, torch.Tensor)), None)
         self.log.draws.append(Draw(op=func._schema.name, shape=tuple(first.shape) if first is not None else (),
                                    on_device=on_device, state=_digest(used) if used.device.type == "cpu" else "",
-                                   where=_caller(self.source_files)))
+                                   where=_caller(self.source_files), moments=_moments(func, out)))
         return out
 
     def _maps_dtype(self, func, args, kwargs) -> bool:
@@ -330,4 +444,5 @@ def _original_of(value, cpu_args, cpu_kwargs, args, kwargs):
     return value
 
 
-__all__ = ["Draw", "DrawLog", "Parting", "SharedDraws", "draws", "first_parting", "same_draws"]
+__all__ = ["Draw", "DrawLog", "Parting", "SharedDraws", "StreamDifference", "compare_streams", "draws", "first_parting",
+           "same_draws"]

@@ -518,21 +518,28 @@ def _check_own_stream(obs: dict, ctx: CheckContext) -> list[Finding]:
     own = own_stream_comparison(obs, ctx.curve_tolerance)
     if own is None:
         return []
+    differences = (obs.get("own_stream") or {}).get("draw_differences") or []
+    findings = [Finding(check="random-stream", severity="error", subject=f"draws:{d.split(':')[0]}",
+                        title=f"the device's random numbers follow another distribution than the CPU's: {d}",
+                        hint="a random op of the device draws with a wrong scale, rate or range (compare its "
+                             "documented distribution); independent streams of one distribution do not differ so")
+                for d in differences]
     runs = len((obs.get("own_stream") or {}).get("streams") or ())
     data = {"steps": own.steps, "diverged_at": own.diverged_at, "max_rel_gap": own.max_rel_gap,
             "failing_steps": own.failing_steps, "band_rel": own.band_rel, "stream_runs": runs}
     head = (f"with its own random numbers, the target's loss curve "
             f"{'lies within' if own else 'leaves'} the band of {runs} reference runs drawing from other streams")
     if not own:
-        return [Finding(check="random-stream", severity="error", title=f"{head}: {own.summary()}",
-                        detail=ctx.curve_tolerance.describe(), data=data,
-                        hint="independent random streams do not explain the gap: the device's random ops (their "
-                             "distribution: dropout's rate, the normal's scale) or the code downstream of them differ")]
+        return findings + [Finding(
+            check="random-stream", severity="error", title=f"{head}: {own.summary()}",
+            detail=ctx.curve_tolerance.describe(), data=data,
+            hint="independent random streams do not explain the gap: the device's random ops (their distribution: "
+                 "dropout's rate, the normal's scale) or the code downstream of them differ")]
     if not own.informative:
-        return [Finding(check="random-stream", severity="info",
-                        title=f"not informative: {head}, but other streams alone move the loss by "
-                              f"{100 * own.band_rel:.0f}%, so a 5% shift would not be seen", data=data)]
-    return [Finding(check="random-stream", severity="info", title=f"{head}: {own.summary()}", data=data)]
+        return findings + [Finding(check="random-stream", severity="info",
+                                   title=f"not informative: {head}, but other streams alone move the loss by "
+                                         f"{100 * own.band_rel:.0f}%, so a 5% shift would not be seen", data=data)]
+    return findings + [Finding(check="random-stream", severity="info", title=f"{head}: {own.summary()}", data=data)]
 
 
 # ---------------------------------------------------------------- outputs

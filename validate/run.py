@@ -204,7 +204,7 @@ def _band_sides(options: ValidateOptions, settings: RunSettings, data: dict, pro
     finding (``data["harness"]``), never a wider band.
     """
     from diff.curves import NOISE_RUNS
-    from diff.draws import DrawLog, first_parting
+    from diff.draws import DrawLog, compare_streams, first_parting
 
     ref, tgt = data["reference"], data["target"]
     if not (ref.get("curve") and tgt.get("curve")):
@@ -233,19 +233,24 @@ def _band_sides(options: ValidateOptions, settings: RunSettings, data: dict, pro
     elif on_device and options.nproc > 1:
         data["notes"].append("the ranks drew random numbers on the device: their own streams are not judged apart "
                              "under --nproc (every rank took the reference's draws)")
-    curves = _curves_of(jobs, settings, progress, steps=len(ref["curve"]["losses"]), problems=data.setdefault(
-        "harness", []))
-    data["perturbed_curves"] = [curves[j.case.mode] for j in jobs if j.case.mode.startswith("perturbed-")
-                                and j.case.mode in curves]
+    sides = _sides_with_curves(jobs, settings, progress, steps=len(ref["curve"]["losses"]),
+                               problems=data.setdefault("harness", []))
+    data["perturbed_curves"] = [sides[j.case.mode]["curve"] for j in jobs if j.case.mode.startswith("perturbed-")
+                                and j.case.mode in sides]
     data["perturbed_expected"] = NOISE_RUNS if model else 0
     if own_stream:
-        data["own_stream"] = {"target": curves.get("target-own"),
-                              "streams": [curves[j.case.mode] for j in jobs if j.case.mode.startswith("stream-")
-                                          and j.case.mode in curves], "expected": STREAM_RUNS}
+        own = sides.get("target-own") or {}
+        differences = compare_streams(ref_draws, DrawLog.from_dict(own.get("draws")), on_device) if own else []
+        data["own_stream"] = {"target": own.get("curve"), "expected": STREAM_RUNS,
+                              "streams": [sides[j.case.mode]["curve"] for j in jobs if j.case.mode.startswith("stream-")
+                                          and j.case.mode in sides],
+                              "draw_differences": [d.describe() for d in differences]}
 
 
-def _curves_of(jobs: list[Job], settings: RunSettings, progress, *, steps: int, problems: list) -> dict[str, dict]:
-    """Each job's loss curve by its label; a job without a full curve runs once more, then goes to ``problems``."""
+def _sides_with_curves(jobs: list[Job], settings: RunSettings, progress, *, steps: int,
+                       problems: list) -> dict[str, dict]:
+    """Each job's side observations by its label; a job without a full curve runs once more, then goes to
+    ``problems``."""
     curves: dict[str, dict] = {}
     why: dict[str, str] = {}
     for attempt in range(2):
@@ -263,7 +268,7 @@ def _curves_of(jobs: list[Job], settings: RunSettings, progress, *, steps: int, 
                 side = observed.get(ChildSpec.from_config(job.case.config).side) or {}
                 curve = side.get("curve")
                 if curve and len(curve.get("losses", ())) >= steps:
-                    curves[label] = curve
+                    curves[label] = side
                     continue
                 error = (side.get("error") or {}).get("message")
                 why[label] = (f"it raised: {error}" if error else

@@ -56,6 +56,7 @@ class _State:
         self.pending: list[float] = []  # backward() losses since the last optimizer step
         self.optimizer_steps = 0
         self.script_compiles: list[str] = []  # where the script calls torch.compile itself
+        self.harness_compiles = False
         self.first_call_time: float | None = None
         self.depth = 0
         self.captured = False
@@ -166,7 +167,11 @@ def _install(state: _State, torch, here) -> dict:
         _capture(state, torch, root, args, kwargs, here)
         module = self
         if here.compiles and not hasattr(self, "_orig_mod"):
-            self.compile(backend=state.compiled_graphs, dynamic=False)
+            state.harness_compiles = True  # the harness's compile, not the script's
+            try:
+                self.compile(backend=state.compiled_graphs, dynamic=False)
+            finally:
+                state.harness_compiles = False
         state.depth += 1
         try:
             out = orig_call(module, *args, **kwargs)
@@ -191,8 +196,8 @@ def _install(state: _State, torch, here) -> dict:
         return out
 
     def compile_(model=None, *args, **kwargs):
-        caller = sys._getframe(1)
-        state.script_compiles.append(f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}")
+        if not state.harness_compiles:
+            state.script_compiles.append(_caller_outside_torch(torch))
         if spec.side != "target" and not here.compiles:
             if model is None:
                 return lambda m: m
@@ -399,6 +404,15 @@ def observe(spec: ChildSpec, progress) -> dict:
     result[spec.side] = side.to_dict()
     result["notes"] += state.notes
     return result
+
+
+def _caller_outside_torch(torch) -> str:
+    """file:line of the innermost caller outside torch (Module.compile calls torch.compile for the script)."""
+    inside = os.path.dirname(torch.__file__)
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame = frame.f_back
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None else "?"
 
 
 def _accelerate_state() -> dict | None:

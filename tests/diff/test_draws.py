@@ -57,18 +57,33 @@ def test_the_target_and_the_golden_take_the_references_draws():
 
 
 def test_draws_inside_a_compiled_graph_are_shared(neuron):
+    """The mode never makes dynamo skip the frame (the graph is compiled and runs compiled: a compile-only
+    fault strikes), and it still gives the graph's random ops the reference's draws."""
+    from emulator.compile_backend import neuron_backend
+
     def step(t):
         return F.dropout(t, 0.5, True) * 2 + torch.randn_like(t)
+
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return neuron_backend(gm, example_inputs)
 
     x = torch.randn(6, 6)
     state = torch.random.get_rng_state()
     with same_draws(state):
         expected = step(x)
     torch._dynamo.reset()
-    compiled = torch.compile(step, backend="neuron")
+    compiled = torch.compile(step, backend=counting)
     with same_draws(state) as drawn:
         got = compiled(x.to("neuron")).cpu()
+    assert len(graphs) == 1, "compiled inside the mode, not skipped to eager"
     assert torch.equal(expected, got) and drawn.log.on_device == [0, 1]
+    emulator.set_faults("perturb@aten::add,rel=0.01,mode=compile")
+    with same_draws(state):
+        faulty = compiled(x.to("neuron")).cpu()
+    assert len(graphs) == 1 and not torch.equal(expected, faulty), "the compiled graph ran"
 
 
 def test_a_script_that_draws_in_another_order_is_named_at_the_first_parting():
@@ -102,3 +117,39 @@ def test_the_devices_own_stream_is_modelled_on_the_cpu_without_moving_its_genera
     assert torch.equal(after, fresh)  # the CPU's generator did not move for it
     assert not torch.equal(after, second)
     assert len(plain.log) == len(first_own.log) == 2
+
+
+def _draws_of(device, steps: int = 30) -> "SharedDraws":
+    with SharedDraws() as mode:
+        x = torch.zeros(64, 32, device=device)
+        for _ in range(steps):
+            F.dropout(x + 1, 0.3, True)
+            torch.randn_like(x)
+            torch.randint(0, 50, (64,), device=device)
+            torch.multinomial(torch.rand(8, device=device) + 0.1, 4)  # value-dependent: not compared
+    return mode
+
+
+def test_the_devices_own_stream_is_compared_as_a_distribution():
+    """Independent streams of one distribution never differ by STREAM_SIGMAS; a device whose normal draws
+    have twice the scale does, named by op and moment."""
+    from diff.draws import compare_streams
+
+    emulator.register()
+    emulator.set_profile("neuron-2.27")  # the device draws from a stream of its own
+    try:
+        torch.manual_seed(0)
+        reference = _draws_of("cpu").log
+        torch.manual_seed(0)
+        clean = _draws_of("neuron").log
+        emulator.set_faults("perturb@aten::normal_,rel=1.0")
+        torch.manual_seed(0)
+        scaled = _draws_of("neuron").log
+    finally:
+        emulator.set_faults("")
+        emulator.set_profile("exact")
+    on_device = clean.on_device
+    assert len(on_device) == 150 and first_parting(reference, clean) is not None  # rand for the probabilities too
+    assert compare_streams(reference, clean, on_device) == []
+    (wrong,) = compare_streams(reference, scaled, scaled.on_device)
+    assert wrong.op == "aten::randn_like" and wrong.what == "variance" and 3.5 < wrong.target / wrong.reference < 4.5

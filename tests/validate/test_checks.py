@@ -154,7 +154,7 @@ def test_curves_and_same_start():
     assert by_check["same-start"].subject == "weights"
     assert by_check["loss-curves"].severity == "warning", "different starting weights: the comparison is inconclusive"
     assert "inconclusive" in by_check["loss-curves"].title and "different weights" in by_check["loss-curves"].title
-    assert "initial weights" in by_check["loss-curves"].hint
+    assert "initialises or loads the model differently" in by_check["loss-curves"].hint
     obs["target"]["fingerprints"] = {"parameters": "a", "inputs": "z"}
     (start,) = [f for f in run_checks(obs, CTX) if f.check == "same-start"]
     assert start.subject == "data" and "data order" in start.title

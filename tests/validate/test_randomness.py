@@ -1,0 +1,114 @@
+"""Migration verdicts that hold under randomness, on realistic training scripts run unchanged.
+
+Each script draws random numbers on the device (a VAE's ``randn_like``, dropout inside ``nn.Transformer``,
+a trainer loop's dropout). The target takes the reference's draws for every deterministic comparison, so a
+clean device is READY and a 1-2% fault downstream of a draw is NOT READY with the layer and the op; a
+device whose own random stream has the wrong distribution is caught by the distribution check alone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.validate.conftest import example
+
+EXACT = ("--emulator-profile", "exact")
+
+
+def test_a_vae_drawing_on_the_device_is_ready_and_takes_the_references_draws(validate):
+    run = validate(example("vae.py"))
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
+    (curves,) = run.findings("loss-curves", "info")
+    assert curves["data"]["draws_on_device"] == 20 and "took the reference's 20 random draws" in curves["title"]
+    assert run.findings("random-stream", "info"), "the device's own stream is judged as a distribution"
+    assert run.report["numerics"]["ok"]
+
+
+def test_a_fault_downstream_of_a_draw_is_named_by_layer_and_op(validate):
+    run = validate(example("vae.py"), env={"NEURON_VALIDATE_FAULTS": "perturb@aten::sigmoid,rel=0.02"})
+    assert run.returncode == 1 and run.report["verdict"] == "not ready", run.stdout
+    (numerics,) = run.findings("numerics", "error")
+    assert numerics["data"]["culprit"] == "dec.3" and numerics["data"]["op"] == "aten::sigmoid"
+
+
+def test_a_device_stream_of_the_wrong_distribution_is_caught_by_the_distribution_check(validate):
+    """Doubled noise on the device's own stream: the replayed comparison cannot see it (the target took the
+    reference's draws), the distribution check of the device's own stream does."""
+    run = validate(example("vae.py"), env={"NEURON_VALIDATE_FAULTS": "perturb@aten::normal_,rel=1.0"})
+    assert run.report["verdict"] == "not ready", run.stdout
+    assert run.findings("loss-curves", "info") and run.report["numerics"]["ok"]
+    wrong = [f for f in run.findings("random-stream", "error") if f["subject"].startswith("draws:")]
+    assert wrong and "aten::randn_like" in wrong[0]["title"] and "variance" in wrong[0]["title"]
+
+
+def test_nn_transformers_own_dropout_gives_identical_curves_under_exact(validate):
+    """word_language_model's case: the CPU drew the weights, the device's generator is elsewhere, yet the
+    masks are the reference's: the curves agree bit for bit."""
+    run = validate(example("transformer_lm.py"), *EXACT, "--steps", "8")
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
+    assert run.report["curves"]["max_abs_gap"] == 0 and run.report["curves"]["steps"] == 8
+    assert not run.findings("randomness") and not run.findings(severity="warning")
+
+
+def test_a_trainer_loop_counts_optimizer_steps_and_keeps_its_checkpoint_apart(validate):
+    run = validate(example("trainer_loop.py"), *EXACT)
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
+    (curves,) = run.findings("loss-curves", "info")
+    assert curves["data"]["steps"] == 12 and curves["data"]["backward_passes"] == 48
+    assert "12 steps of 48 backward passes" in curves["title"]
+    (created,) = run.findings("outputs", "info")
+    assert "checkpoint.pt" in created["title"] and not run.findings("outputs", "warning")
+    assert not run.findings("wide-dtypes"), "eager code narrows nothing"
+    assert (Path(run.out) / "results.sqlite").exists(), "the store goes with --out"
+
+
+def test_a_fault_in_a_transformers_model_is_placed_at_transformers_own_line(validate):
+    run = validate(example("hf_gpt2.py"), *EXACT, "--steps", "3",
+                   env={"NEURON_VALIDATE_FAULTS": "perturb@aten::addmm,rel=0.01"})
+    assert run.report["verdict"] == "not ready", run.stdout
+    (numerics,) = run.findings("numerics", "error")
+    assert numerics["data"]["op"] == "aten::addmm" and numerics["data"]["culprit"].startswith("transformer.h.0")
+    assert "<string>" not in (numerics["where"] or "") and "transformers" in (numerics["where"] or ""), numerics
+
+
+def test_an_unchanged_script_reads_dot_dot_data_and_each_run_keeps_its_report(tmp_path):
+    """pytorch/examples read ``../data`` relative to their folder; the user's shell redirects the output
+    into a file there. Neither trips the check, and two runs keep two report folders."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "values.txt").write_text(" ".join(str(i % 7) for i in range(64)))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(textwrap.dedent("""\
+        import torch
+        from torch import nn
+        device = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else "cpu"
+        values = torch.tensor([float(v) for v in open("../data/values.txt").read().split()]).view(8, 8)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.2), nn.Linear(8, 1)).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(5):
+            loss = model(values.to(device)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        print("done")
+        """))
+    exe = os.path.join(os.path.dirname(sys.executable), "neuron-validate")
+    env = {**os.environ, "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"}
+    for _ in range(2):
+        result = subprocess.run(f"'{exe}' train.py --json > log.txt 2> err.txt", shell=True, cwd=project, env=env,
+                                timeout=600)
+        assert result.returncode == 0, (project / "err.txt").read_text()
+    import json
+
+    report = json.loads((project / "log.txt").read_text())
+    assert report["verdict"] == "ready", report["findings"]
+    assert not [f for f in report["findings"] if f["check"] == "outputs" and f["severity"] == "warning"]
+    runs = project / "runs" / "validate" / "train"
+    folders = sorted(p.name for p in runs.iterdir() if not p.is_symlink())
+    assert len(folders) == 2 and (runs / "latest").resolve().name == folders[-1]
+    assert (runs / "latest" / "report.json").exists() and (project / "runs" / "results.sqlite").exists()
