@@ -36,7 +36,12 @@ class SourceLine:
 
 
 def _is_library(filename: str) -> bool:
-    return filename.startswith(_LIBRARY_DIRS) or filename.startswith("<")
+    """torch, the harness, the standard library and code without a file; installed packages (transformers,
+    timm) are not: the line inside them is where their op was called."""
+    if filename.startswith("<"):
+        return True
+    return filename.startswith(_LIBRARY_DIRS) and f"{os.sep}site-packages{os.sep}" not in filename.replace(
+        _TORCH_DIR, "")
 
 
 def _path(filename: str) -> str:
@@ -46,17 +51,15 @@ def _path(filename: str) -> str:
 
 
 def find_source(frames: Iterable[tuple[str, int, str]], source_files: frozenset[str]) -> SourceLine | None:
-    """The innermost frame in the user's files, else the innermost frame outside torch, the harness and the stdlib.
+    """The innermost frame in the user's files or outside torch, the harness and the stdlib: the line that
+    called the op, in the user's code or in a library such as transformers that the user's code called.
 
     ``frames`` run from the innermost outward.
     """
-    fallback = None
     for filename, line, function in frames:
-        if filename in source_files:
+        if filename in source_files or not _is_library(filename):
             return SourceLine(file=filename, line=line, function=function)
-        if fallback is None and not _is_library(filename):
-            fallback = SourceLine(file=filename, line=line, function=function)
-    return fallback
+    return None
 
 
 def _python_frames(start) -> Iterable[tuple[str, int, str]]:
