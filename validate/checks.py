@@ -509,6 +509,9 @@ def _divergence_hint(obs: dict) -> str:
     loc = obs.get("localization") or {}
     if loc and not loc.get("ok", True) and (loc.get("first_forward") or loc.get("first_backward")):
         return "see the first diverging layer above; a gap that grows step by step points at the gradients"
+    if not loc:
+        return ("layers are not compared in this check (--nproc, --no-localize); a gap that grows step by step "
+                "points at the gradients: their reduction across ranks, or the optimizer")
     return ("the compared call's layers agree, so the error enters later: in another call of the model, the loss, "
             "the gradients' use by the optimizer, or a step the layer comparison does not see")
 

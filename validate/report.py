@@ -69,6 +69,7 @@ def build_report(*, obs: dict, findings: list[Finding], verdict: str, script, op
         "numerics": loc,
         "compiled": obs.get("compiled"),
         "curves": curves.to_dict() if curves is not None else None,
+        "randomness": _randomness(obs),
         "notes": list(obs.get("notes", [])),
         "timings": {"total_s": obs.get("seconds"), "reference_s": obs.get("reference", {}).get("seconds"),
                     "target_s": obs.get("target", {}).get("seconds")},
@@ -76,6 +77,21 @@ def build_report(*, obs: dict, findings: list[Finding], verdict: str, script, op
                      "harness": {"neuron_validate": _version(), "git_commit": _git_commit()}},
         "artifacts": {},
     }
+
+
+def _randomness(obs: dict) -> dict | None:
+    """What the sides drew (diff.draws): counts, the parting draw, the log's size, the own-stream check's
+    draw differences, and the time of the target's training with shared draws against its own stream."""
+    draws = obs.get("draws")
+    if not draws:
+        return None
+    own = obs.get("own_stream") or {}
+    steps = len(((obs.get("reference") or {}).get("curve") or {}).get("losses") or ()) or None
+    shared_s, own_s = (obs.get("target") or {}).get("seconds"), own.get("seconds")
+    return {**draws, "log_bytes_per_step": draws.get("log_bytes", 0) / steps if steps else None,
+            "draw_differences": own.get("draw_differences", []), "stream_runs": len(own.get("streams") or ()),
+            "target_seconds_shared": shared_s, "target_seconds_own": own_s,
+            "harness": list(obs.get("harness") or [])}
 
 
 def _version() -> str | None:

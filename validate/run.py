@@ -241,7 +241,7 @@ def _band_sides(options: ValidateOptions, settings: RunSettings, data: dict, pro
     if own_stream:
         own = sides.get("target-own") or {}
         differences = compare_streams(ref_draws, DrawLog.from_dict(own.get("draws")), on_device) if own else []
-        data["own_stream"] = {"target": own.get("curve"), "expected": STREAM_RUNS,
+        data["own_stream"] = {"target": own.get("curve"), "expected": STREAM_RUNS, "seconds": own.get("seconds"),
                               "streams": [sides[j.case.mode]["curve"] for j in jobs if j.case.mode.startswith("stream-")
                                           and j.case.mode in sides],
                               "draw_differences": [d.describe() for d in differences]}
