@@ -188,3 +188,68 @@ def test_a_models_own_loss_is_the_only_place_the_backward_pass_starts():
     assert _upstream_gradient([loss_grad, logits_grad], [1, 6]) == [loss_grad, None]
     assert _upstream_gradient([None, logits_grad], [1, 6])[1] is logits_grad
     assert _upstream_gradient([None, None], [1, 6]) is None
+
+
+# ---------------------------------------------------------------- randomness, bands, honest findings
+def _curve(losses):
+    return {"label": "x", "losses": losses, "step_seconds": [0.1] * len(losses)}
+
+
+def test_a_band_side_that_never_ran_is_a_harness_finding_and_the_narrowest_band():
+    """The FSDP2 flake: perturbed sides gave no curve. Never a silent fall back to the fixed 5% band: a 0.4%
+    gap still fails, and the harness says what it could not run."""
+    ref = [3.0 - 0.05 * i for i in range(20)]
+    tgt = [x * 1.004 for x in ref]
+    obs = {"reference": {"curve": _curve(ref)}, "target": {"curve": _curve(tgt)}, "perturbed_curves": [],
+           "perturbed_expected": 2, "harness": ["side perturbed-0: it gave no loss curve (after a second try)"]}
+    findings = run_checks(obs, CTX)
+    (harness,) = [f for f in findings if f.check == "harness"]
+    assert harness.severity == "warning" and "perturbed-0" in harness.title
+    (curves,) = [f for f in findings if f.check == "loss-curves"]
+    assert curves.severity == "error", "the narrowest band, not the fixed 5%"
+
+
+def test_a_band_too_wide_to_see_a_five_percent_shift_is_not_informative():
+    ref = [2.0] * 10
+    wild = [[2.0 * (1 + 0.2 * ((i + k) % 3 - 1)) for i in range(10)] for k in range(2)]
+    obs = {"reference": {"curve": _curve(ref)}, "target": {"curve": _curve([2.1] * 10)},
+           "perturbed_curves": [_curve(w) for w in wild], "perturbed_expected": 2}
+    (curves,) = [f for f in run_checks(obs, CTX) if f.check == "loss-curves"]
+    assert curves.severity == "warning" and "not informative" in curves.title
+
+
+def test_the_devices_own_stream_findings():
+    ref = [2.0 - 0.01 * i for i in range(10)]
+    streams = [_curve([x * (1 + 0.002 * ((i + k) % 2)) for i, x in enumerate(ref)]) for k in range(3)]
+    base = {"reference": {"curve": _curve(ref)}, "target": {"curve": _curve(ref)}}
+    ok = {**base, "own_stream": {"target": _curve(ref), "streams": streams, "draw_differences": []}}
+    assert [f.severity for f in run_checks(ok, CTX) if f.check == "random-stream"] == ["info"]
+    off = {**base, "own_stream": {"target": _curve([x * 1.2 for x in ref]), "streams": streams,
+                                  "draw_differences": ["aten::randn_like: the target's draws have variance 4"]}}
+    bad = [f for f in run_checks(off, CTX) if f.check == "random-stream"]
+    assert [f.severity for f in bad] == ["error", "error"] and "another distribution" in bad[0].title
+
+
+def test_parting_draws_are_named():
+    obs = {"reference": {"curve": _curve([1.0, 0.9])}, "target": {"curve": _curve([1.0, 0.9])},
+           "draws": {"on_device": 3, "parting": "random draw 2: the reference drew aten::rand [3] at s.py:4; "
+                                                "the target drew aten::randn [3] at s.py:6"}}
+    (parting,) = [f for f in run_checks(obs, CTX) if f.check == "randomness"]
+    assert parting.severity == "warning" and "random draw 2" in parting.title
+
+
+def test_eager_runs_say_nothing_of_compiled_narrowing_and_a_script_compile_is_named():
+    import dataclasses
+
+    eager = dataclasses.replace(CTX, mode="eager")
+    obs = {"target": {"wide_tensors": [{"name": "idx", "shape": [4], "dtype": "int64", "fits": True}]}}
+    assert not [f for f in run_checks(obs, eager) if f.check == "wide-dtypes"]
+    obs["target"]["script_compiles"] = ["train.py:263"]
+    found = {f.check: f for f in run_checks(obs, eager)}
+    assert "wide-dtypes" in found and "train.py:263" in found["compile"].title
+
+
+def test_accelerate_choosing_the_cpu_is_named_with_its_version():
+    obs = {"target": {"ran": True, "executed_ops": 0, "accelerate": {"version": "1.2.3", "device": "cpu"}}}
+    (unused,) = [f for f in run_checks(obs, CTX) if f.check == "target-used"]
+    assert "accelerate 1.2.3" in unused.detail and "torch.accelerator" in unused.hint
