@@ -518,6 +518,12 @@ def _divergence_hint(obs: dict) -> str:
 
 def _check_own_stream(obs: dict, ctx: CheckContext) -> list[Finding]:
     """The target on its own random stream, judged as a distribution (see own_stream_comparison)."""
+    failure = (obs.get("own_stream") or {}).get("failure")
+    if failure:  # its random kernels ran only here: the shared run took the reference's draws on the CPU
+        return [Finding(check="random-stream", severity="error", subject="fails",
+                        title=f"with its own random numbers the target fails: {failure}",
+                        hint="the device's random ops run only in this training (the compared one took the "
+                             "reference's draws): one of them raises, crashes or hangs on the target")]
     own = own_stream_comparison(obs, ctx.curve_tolerance)
     if own is None:
         return []

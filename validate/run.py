@@ -233,8 +233,11 @@ def _band_sides(options: ValidateOptions, settings: RunSettings, data: dict, pro
     elif on_device and options.nproc > 1:
         data["notes"].append("the ranks drew random numbers on the device: their own streams are not judged apart "
                              "under --nproc (every rank took the reference's draws)")
-    sides = _sides_with_curves(jobs, settings, progress, steps=len(ref["curve"]["losses"]),
-                               problems=data.setdefault("harness", []))
+    sides, failures = _sides_with_curves(jobs, settings, progress, steps=len(ref["curve"]["losses"]))
+    # A reference side that gave no curve is the harness's problem; the target on its own stream failing
+    # (a random kernel that raises or crashes) is the target's.
+    data.setdefault("harness", []).extend(f"side {label}: {why} (after a second try)"
+                                          for label, why in failures.items() if label != "target-own")
     data["perturbed_curves"] = [sides[j.case.mode]["curve"] for j in jobs if j.case.mode.startswith("perturbed-")
                                 and j.case.mode in sides]
     data["perturbed_expected"] = NOISE_RUNS if model else 0
@@ -242,15 +245,16 @@ def _band_sides(options: ValidateOptions, settings: RunSettings, data: dict, pro
         own = sides.get("target-own") or {}
         differences = compare_streams(ref_draws, DrawLog.from_dict(own.get("draws")), on_device) if own else []
         data["own_stream"] = {"target": own.get("curve"), "expected": STREAM_RUNS, "seconds": own.get("seconds"),
+                              "failure": failures.get("target-own"),
                               "streams": [sides[j.case.mode]["curve"] for j in jobs if j.case.mode.startswith("stream-")
                                           and j.case.mode in sides],
                               "draw_differences": [d.describe() for d in differences]}
 
 
-def _sides_with_curves(jobs: list[Job], settings: RunSettings, progress, *, steps: int,
-                       problems: list) -> dict[str, dict]:
-    """Each job's side observations by its label; a job without a full curve runs once more, then goes to
-    ``problems``."""
+def _sides_with_curves(jobs: list[Job], settings: RunSettings, progress, *,
+                       steps: int) -> tuple[dict[str, dict], dict[str, str]]:
+    """Each job's side observations by its label, and why each job without a full curve has none (it ran
+    once more first)."""
     curves: dict[str, dict] = {}
     why: dict[str, str] = {}
     for attempt in range(2):
@@ -273,9 +277,7 @@ def _sides_with_curves(jobs: list[Job], settings: RunSettings, progress, *, step
                 error = (side.get("error") or {}).get("message")
                 why[label] = (f"it raised: {error}" if error else
                               f"it gave {len(curve['losses'])} of {steps} steps" if curve else "it gave no loss curve")
-    problems += [f"side {j.case.mode}: {why.get(j.case.mode, 'no result')} (after a second try)"
-                 for j in jobs if j.case.mode not in curves]
-    return curves
+    return curves, {j.case.mode: why.get(j.case.mode, "no result") for j in jobs if j.case.mode not in curves}
 
 
 def _fails(options: ValidateOptions, data: dict | None) -> bool:

@@ -112,3 +112,12 @@ def test_an_unchanged_script_reads_dot_dot_data_and_each_run_keeps_its_report(tm
     folders = sorted(p.name for p in runs.iterdir() if not p.is_symlink())
     assert len(folders) == 2 and (runs / "latest").resolve().name == folders[-1]
     assert (runs / "latest" / "report.json").exists() and (project / "runs" / "results.sqlite").exists()
+
+
+def test_a_random_kernel_that_raises_on_the_device_is_the_targets_failure(validate):
+    """The compared training took the reference's draws on the CPU, so the device's random kernels run only
+    in the training on its own stream: one that raises there is a finding against the target."""
+    run = validate(example("vae.py"), *EXACT, "--steps", "5", env={"NEURON_VALIDATE_FAULTS": "raise@aten::normal_"})
+    assert run.report["verdict"] == "not ready", run.stdout
+    (fails,) = [f for f in run.findings("random-stream", "error") if f["subject"] == "fails"]
+    assert "injected fault" in fails["title"] and not run.findings("harness")
