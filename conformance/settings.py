@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 EMULATOR_ENV = ("NEURON_VALIDATE_EMULATOR_PROFILE", "NEURON_VALIDATE_FAULTS", "NEURON_VALIDATE_EMULATOR_AUTOLOAD")
 BACKEND_MODULES_ENV = "NEURON_VALIDATE_BACKEND_MODULES"
+COMPILE_CACHE_ENV = "NEURON_VALIDATE_COMPILE_CACHE"  # read by emulator/compile_backend.py (a layer below)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,6 +34,8 @@ class RunSettings:
     def worker_env(self) -> dict[str, str]:
         """The environment a worker needs: emulator profile and faults, backend modules."""
         env = {k: os.environ[k] for k in EMULATOR_ENV if k in os.environ}
+        if self.artifacts_dir:  # what the build compiled, reused by its reruns (emulator/compile_backend.py)
+            env[COMPILE_CACHE_ENV] = os.path.join(self.artifacts_dir, "compile-cache")
         if self.backend_modules:
             env[BACKEND_MODULES_ENV] = ",".join(self.backend_modules)
             env.setdefault("NEURON_VALIDATE_EMULATOR_AUTOLOAD", "0")

@@ -211,7 +211,7 @@ class Target:
         """The callable as this target runs it: compiled (see :meth:`compile`) in compile mode."""
         return self.compile(fn) if self.compiles else fn
 
-    def compile(self, fn: Callable) -> "Compiled":
+    def compile(self, fn: Callable, *, fullgraph: bool = False) -> "Compiled":
         """``fn`` compiled afresh with this target's backend, counting the graphs it compiles.
 
         Each call starts from a new dynamo state: dynamo keys its caches by
@@ -220,13 +220,14 @@ class Target:
         models (a per-sample lambda, one model class) would reach it and stop
         testing the compiler. ``Compiled.graphs`` then tells whether
         anything was compiled at all: none means the call ran eagerly.
+        ``fullgraph``: a graph break raises instead (every op of ``fn`` is then in the one graph).
         """
         import torch
         import torch._dynamo
 
         torch._dynamo.reset()
         counter = GraphCounter(self.compile_backend())
-        return Compiled(fn=torch.compile(fn, backend=counter, dynamic=False), counter=counter)
+        return Compiled(fn=torch.compile(fn, backend=counter, dynamic=False, fullgraph=fullgraph), counter=counter)
 
     # ---------------------------------------------------------------- tracking
     @property

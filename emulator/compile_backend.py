@@ -8,15 +8,29 @@ says so, each new input shape compiles a new graph, and dynamic shapes are
 refused. Every compilation is recorded in :data:`compile_events`, so a
 migration check can report recompilations and the shapes behind them.
 
+The profile's compile latency (``compile_seconds_per_graph`` plus
+``compile_seconds_per_node`` for each node) models a compiler as slow as
+neuronx-cc, which takes seconds to minutes a graph. A graph already compiled
+in the same build (the same code and input signature, found in the folder
+named by NEURON_VALIDATE_COMPILE_CACHE, which the runner sets per build) costs
+nothing again, as neuronx-cc's own compile cache would have it: reruns,
+reproducer checks and shrinking reuse what the run compiled. Nothing is kept
+across builds: each build has its own folder. :data:`compile_stats` counts
+compilations and cache hits in this process.
+
 When torch_neuronx is installed this entry point hands the graph to the real
 backend's own compiler instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
+import os
 import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -34,6 +48,46 @@ class CompileEvent:
 compile_events: list[CompileEvent] = []
 narrowing_losses: list[str] = []  # one line per graph input whose values changed when narrowed
 _lock = threading.Lock()
+COMPILE_CACHE_ENV = "NEURON_VALIDATE_COMPILE_CACHE"
+compile_stats = {"compiled": 0, "cached": 0, "seconds": 0.0}  # graphs this process compiled, reused; latency
+_compiled_here: set[str] = set()
+
+
+def _graph_key(graph: torch.fx.GraphModule, inputs) -> str:
+    """What makes a compiled graph reusable: its code and its inputs' shapes, strides and dtypes."""
+    signature = [(tuple(t.shape), tuple(t.stride()), str(t.dtype)) if isinstance(t, torch.Tensor) else repr(t)
+                 for t in inputs]
+    return hashlib.sha256((graph.code + repr(signature)).encode()).hexdigest()[:32]
+
+
+def _compile_latency(graph: torch.fx.GraphModule, inputs) -> None:
+    """Waits as long as the profile's compiler takes for this graph, unless this build compiled it before."""
+    import emulator
+
+    profile = emulator.profile()
+    if not (profile.compile_seconds_per_graph or profile.compile_seconds_per_node):
+        with _lock:
+            compile_stats["compiled"] += 1
+        return
+    key = _graph_key(graph, inputs)
+    folder = os.environ.get(COMPILE_CACHE_ENV)
+    marker = Path(folder) / key if folder else None
+    with _lock:
+        seen = key in _compiled_here or (marker is not None and marker.exists())
+        compile_stats["cached" if seen else "compiled"] += 1
+    if seen:
+        return
+    seconds = profile.compile_seconds_per_graph + profile.compile_seconds_per_node * len(graph.graph.nodes)
+    time.sleep(seconds)
+    with _lock:
+        compile_stats["seconds"] += seconds
+        _compiled_here.add(key)
+    if marker is not None:
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:  # a read-only or vanished folder: this process still remembers it
+            pass
 
 
 class DynamicShapesUnsupported(RuntimeError):
@@ -107,7 +161,9 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             )
         )
 
-    def compiler(graph: torch.fx.GraphModule, _inputs):
+    def compiler(graph: torch.fx.GraphModule, inputs):
+        _compile_latency(graph, inputs)
+
         def run(*args):
             if narrow:
                 args = tuple(_narrow(a, i, graph_id) for i, a in enumerate(args))

@@ -97,6 +97,11 @@ class NumericsProfile:
     # The dtype collectives reduce in ("" : the tensors' own): what a reduction adds and returns is rounded
     # to it (bf16 all-reduce and reduce-scatter under --auto-cast all).
     collective_dtype: str = ""
+    # The compiler's latency (torch.compile(backend="neuron")): seconds per graph it compiles, plus seconds
+    # per node of the graph, as neuronx-cc takes seconds to minutes a graph. 0: the emulator's own trivial
+    # compiler. A graph compiled before in the same build is not compiled again (compile_backend.py).
+    compile_seconds_per_graph: float = 0.0
+    compile_seconds_per_node: float = 0.0
 
     def __post_init__(self) -> None:
         if self.auto_cast not in AUTO_CAST_MODES:
@@ -110,6 +115,8 @@ class NumericsProfile:
         if self.collective_dtype not in ("", "bfloat16", "float16", "float32"):
             raise ProfileError(f"collective_dtype={self.collective_dtype!r} (type=str): expected '', bfloat16, "
                                "float16 or float32")
+        if self.compile_seconds_per_graph < 0 or self.compile_seconds_per_node < 0:
+            raise ProfileError("compile_seconds_per_graph and compile_seconds_per_node must be >= 0")
         if self.activation_knots_per_unit < 1:
             raise ProfileError(f"activation_knots_per_unit={self.activation_knots_per_unit!r} (type=int): must be >= 1")
 
@@ -236,6 +243,11 @@ def _coerce(key: str, value, *, source: str):
                 return int(value)
             except ValueError:
                 raise ProfileError(f"{key}={value!r} (type=str) in {source}: expected an integer") from None
+        if isinstance(current, float):
+            try:
+                return float(value)
+            except ValueError:
+                raise ProfileError(f"{key}={value!r} (type=str) in {source}: expected a number") from None
         if isinstance(current, tuple):
             return tuple(v for v in value.split("|") if v)
         return value

@@ -4,9 +4,12 @@ A stride bug in ``exp`` fails every dtype and direction, in OpInfo's samples,
 the hypothesis examples and the layouts family alike; one report line per
 case would bury it. So each sample gets plain facts about its inputs
 (non-contiguous, a dimension longer than 128, values beyond int32, mixed
-dtypes, an in-place call, ...), and a failing case's cause is the fact that
-every failing sample has and the fewest passing samples have: "non-contiguous
-inputs", "rows longer than 128". Facts are read from the inputs themselves,
+dtypes, an in-place call, duplicate or negative indices, ...), and a failing
+case's cause is the fact that separates the failing samples from the passing
+ones: every failing sample has it, and the fewest passing samples do (at most
+half of them; a fact most passing samples share too names no cause, however
+common it is among the failures). "non-contiguous inputs", "rows longer than
+128", "duplicate indices". Facts are read from the inputs themselves,
 never from knowing a fault, and are coarse on purpose, so that one root
 cause gets the same name in every case it breaks (results/groups.py groups
 by op, status and cause).
@@ -60,11 +63,74 @@ def _dim_argument(sample) -> int | None:
     return dim if isinstance(dim, int) and not isinstance(dim, bool) else None
 
 
-def sample_facts(sample, family: str = "") -> frozenset[str]:
-    """The facts (keys of CAUSES) that hold for one sample's inputs."""
+# Index ops: op name -> (position in args of the index tensor, or of index_put's list of them; what they index:
+# the position in args of the dimension argument, FLAT for the flattened input, ROWS for the input's first dimension,
+# LEADING for index_put's one dimension per index tensor). Index facts are read only where an argument is an index.
+FLAT, ROWS, LEADING = "flat", "rows", "leading"
+INDEX_ARGUMENTS: dict[str, tuple[int, int | str]] = {
+    **{name: (1, 0) for name in ("index_add", "index_copy", "index_fill", "index_select", "index_reduce", "scatter",
+                                 "scatter_add", "scatter_reduce", "gather")},
+    "take_along_dim": (0, 1),
+    "take": (0, FLAT),
+    "put": (0, FLAT),
+    "index_put": (0, LEADING),
+    "nn.functional.embedding": (0, ROWS),  # OpInfo calls it with the weight first
+}
+
+
+def _indices(op: str, sample) -> tuple[list[tuple[torch.Tensor, int]], torch.Tensor | None]:
+    """An index op's integer index tensors, each with the length of the dimension it indexes, and the places
+    they select, one row each (repeated rows: duplicate indices). A scatter's or gather's index selects places
+    within each line along its dim; index_put's index tensors select one place together."""
+    if op not in INDEX_ARGUMENTS or not isinstance(sample.input, torch.Tensor):
+        return [], None
+    position, target = INDEX_ARGUMENTS[op]
+    x, args = sample.input, sample.args
+    found = args[position] if position < len(args) else None
+    found = list(found) if target == LEADING and isinstance(found, (list, tuple)) else [found]
+    ints = [t for t in found if isinstance(t, torch.Tensor) and not t.is_floating_point() and not t.is_complex()
+            and t.dtype != torch.bool and t.numel()]
+    if not ints or len(ints) > max(x.dim(), 1):
+        return [], None
+    if target == LEADING:
+        shape = torch.broadcast_shapes(*(t.shape for t in ints))
+        places = torch.stack([t.expand(shape).reshape(-1) for t in ints], -1)
+        return [(t, x.shape[k] if x.dim() else 1) for k, t in enumerate(ints)], places
+    (index,) = ints
+    dim = target if target in (FLAT, ROWS) else args[target] if target < len(args) else sample.kwargs.get("dim")
+    if isinstance(dim, int) and not all(-max(t.dim(), 1) <= dim < max(t.dim(), 1) for t in (x, index)):
+        return [], None  # a sample the op refuses
+    if dim == ROWS or isinstance(dim, int):
+        size = x.shape[0 if dim == ROWS else dim] if x.dim() else 1
+    else:
+        size = x.numel()
+    places = index.reshape(-1, 1)
+    if isinstance(dim, int) and index.dim() > 1:  # lines along dim, each selecting its places
+        lines = index.movedim(dim, -1).reshape(-1, index.shape[dim])
+        line = torch.arange(lines.shape[0]).unsqueeze(-1).expand(lines.shape)
+        places = torch.stack([line.reshape(-1), lines.reshape(-1)], -1)
+    return [(index, size)], places
+
+
+def _index_facts(op: str, sample) -> set[str]:
+    facts = set()
+    indexed, places = _indices(op, sample)
+    for index, size in indexed:
+        if bool((index < 0).any()):
+            facts.add("negative_indices")
+        if size > 1 and bool(((index == size - 1) | (index == -size)).any()):
+            facts.add("boundary_indices")
+    if places is not None and places.unique(dim=0).shape[0] < places.shape[0]:
+        facts.add("duplicate_indices")
+    return facts
+
+
+def sample_facts(sample, family: str = "", op: str = "") -> frozenset[str]:
+    """The facts (keys of CAUSES) that hold for one sample's inputs; ``op``: the op's name, for the facts
+    about its index arguments."""
     parts = sample_parts(sample)
     ts = _tensors(parts)
-    facts: set[str] = set()
+    facts: set[str] = _index_facts(op, sample)
     variant = sample_variant(sample)
     if variant:
         facts.add(f"variant:{variant}")
@@ -125,6 +191,9 @@ CAUSES: dict[str, str] = {
     "variant:view": "views (writes through the output must reach the input)",
     "python_scalar": "Python scalar operands",
     "mixed_dtypes": "operands of mixed dtypes",
+    "duplicate_indices": "duplicate indices",
+    "negative_indices": "negative indices",
+    "boundary_indices": "indices at the boundary (the last position, or -size)",
     "long": "reductions of 65,536 elements or more",
     "dim_over_tile": "the reduced dimension longer than 128",
     "rows_over_tile": "rows longer than 128",
@@ -148,14 +217,16 @@ class Cause:
     key: str
     text: str
     failing: int  # samples that failed
-    passing_alike: int  # passing samples that share the fact (0: it separates them exactly)
+    passing_alike: int  # passing samples that share the fact (0: it separates them exactly; at most half of them)
 
     def to_dict(self) -> dict:
         return {"key": self.key, "text": self.text, "failing": self.failing, "passing_alike": self.passing_alike}
 
 
 def case_cause(facts: list[frozenset[str]], failed: list[bool]) -> Cause | None:
-    """The fact every failing sample has and the fewest passing ones have; None when nothing failed."""
+    """The fact that separates the failing samples from the passing ones: every failing sample has it, and the
+    fewest passing ones have it, at most half of them (a fact most passing samples share separates nothing, and
+    naming it would blame, say, strides for a bug in duplicate indices). None when nothing failed."""
     failing = [f for f, bad in zip(facts, failed) if bad]
     passing = [f for f, bad in zip(facts, failed) if not bad]
     if not failing:
@@ -169,7 +240,7 @@ def case_cause(facts: list[frozenset[str]], failed: list[bool]) -> Cause | None:
         if key not in shared:
             continue
         alike = sum(key in f for f in passing)
-        if alike == len(passing):  # every sample has it: it tells nothing
+        if 2 * alike > len(passing):  # most passing samples have it too: it does not separate
             continue
         score = (alike, rank)
         if best is None or score < best[0]:

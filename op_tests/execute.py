@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_leaves
 from conformance.case import Case
 from conformance.host_copies import HostCopies, watch_host_copies
 from conformance.outcome import Outcome, Status
-from conformance.target import EAGER_UNDER_COMPILE, Compiled
+from conformance.target import EAGER_UNDER_COMPILE
 from diff.judge import Judge, classify_error
 from diff.precision import PrecisionModel, model_for, perturbed_runs
 from diff.sides import to_device
@@ -36,7 +36,7 @@ from runner.executors import Executor
 from .causes import case_cause, sample_facts
 from .families import FamilyNotApplicable
 from .repro import write_repro
-from .rules import PROPERTIES, OpRule, gather_index_output, rule_for
+from .rules import OpRule, rule_for
 from .samples import (
     HypothesisNotApplicable,
     cacheable_inputs,
@@ -47,6 +47,7 @@ from .samples import (
     sample_parts,
     sample_variant,
 )
+from .run import BatchReport, SideResult, fresh_leaves, run_compiled_batch, run_op, target_inputs
 from .sources import get_op, op_db, op_key
 
 MAX_REPORTED_FAILURES = 10
@@ -55,30 +56,6 @@ MAX_REPORTED_FAILURES = 10
 @functools.cache
 def _tolerances() -> TolerancePolicy:
     return TolerancePolicy()
-
-
-# ---------------------------------------------------------------- a side's inputs
-def target_inputs(parts, device, keep_on_cpu: tuple[int, ...] = ()):
-    """The sample's (input, args, kwargs) for the target: same layouts, device arguments redirected.
-
-    ``x.to("cpu")`` in a sample made on the CPU becomes ``x.to("neuron")``;
-    ``keep_on_cpu``: positions in the args that the op's API wants on the CPU
-    (op_rules.json "cpu_arguments").
-    """
-    inp, args, kwargs = parts
-    kept = {i: args[i] for i in keep_on_cpu if i < len(args)}
-    moved = to_device((inp, tuple(a for i, a in enumerate(args) if i not in kept), kwargs), device,
-                      same_layout=True, redirect="cpu")
-    rest = iter(moved[1])
-    return moved[0], tuple(kept[i] if i in kept else next(rest) for i in range(len(args))), moved[2]
-
-
-def fresh_leaves(value):
-    """Fresh leaf copies on each tensor's own device, so both sides start from identical autograd leaves.
-
-    (Some OpInfo samples arrive as tensors whose recorded graph does not reach them.)
-    """
-    return to_device(value, None, same_layout=True)
 
 
 def _expects_device(parts, device: torch.device) -> bool:
@@ -96,75 +73,6 @@ GOLDEN_DTYPES = {
     torch.complex32: torch.complex128,
     torch.complex64: torch.complex128,
 }
-
-
-# ---------------------------------------------------------------- running one side
-@dataclass
-class SideResult:
-    value: Any = None  # processed outputs (forward) or gradients (backward), on the side's device
-    error: str | None = None
-    error_type: str | None = None
-    skipped: str | None = None  # why this sample cannot be judged
-    graphs: int | None = None  # compile targets: graphs compiled for this sample (0: it ran eagerly)
-
-
-def _cotangents(outputs: list[torch.Tensor], seed: int, device) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    cots = []
-    for o in outputs:
-        c = torch.randn(o.shape, generator=gen, dtype=torch.float64)
-        if o.is_complex():
-            c = torch.complex(c, torch.randn(o.shape, generator=gen, dtype=torch.float64))
-        cots.append(c.to(dtype=o.dtype).to(device))
-    return cots
-
-
-def op_callable(op, variant: str = ""):
-    """The op as a plain function (for torch.compile), or one of its variants (families/variants.py)."""
-    if variant:
-        from .families.variants import run_variant
-
-        return lambda i, *a, **k: run_variant(op, variant, i, a, k)
-    return lambda i, *a, **k: op(i, *a, **k)
-
-
-def run_op(op, rule: OpRule, sample, parts, *, backward: bool, device, seed: int, prepare=None) -> SideResult:
-    """Runs the op (or the sample's variant of it) on one side; ``parts`` are that side's (input, args, kwargs)."""
-    variant = sample_variant(sample)
-    fn = op if prepare is None and not variant else op_callable(op, variant)
-    fn = fn if prepare is None else prepare(fn)
-    result = _run_op(fn, rule, sample, parts, backward=backward, device=device, seed=seed)
-    if isinstance(fn, Compiled):
-        result.graphs = fn.graphs
-    return result
-
-
-def _run_op(fn, rule: OpRule, sample, parts, *, backward: bool, device, seed: int) -> SideResult:
-    inp, args, kwargs = parts
-    try:
-        out = fn(inp, *args, **kwargs)
-        if rule.property is not None:  # instead of the sample's own processing, which expects the raw output
-            out = PROPERTIES[rule.property](out, inp, args, kwargs, rule.op_key)
-        else:
-            out = sample.output_process_fn_grad(out)
-        if rule.gather is not None and not backward:
-            cpu_input = inp if isinstance(inp, torch.Tensor) else None
-            if cpu_input is not None:
-                out = gather_index_output(rule.gather, cpu_input.detach().cpu(), args, kwargs, out)
-        if not backward:
-            return SideResult(value=out)
-        diff_inputs = [t for t in tree_leaves(parts) if isinstance(t, torch.Tensor) and t.requires_grad]
-        diff_outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if not diff_inputs or not diff_outputs:
-            return SideResult(skipped="no differentiable inputs or outputs")
-        grads = torch.autograd.grad(
-            diff_outputs, diff_inputs, _cotangents(diff_outputs, seed, device), allow_unused=True
-        )
-        return SideResult(value=list(grads))
-    except Exception as exc:  # noqa: BLE001 - any failure of the op is a finding
-        text = f"{type(exc).__name__}: {exc}"
-        return SideResult(error=text.strip(), error_type=type(exc).__name__)
-
 
 
 # ---------------------------------------------------------------- the case
@@ -226,7 +134,10 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     # Host<->device copies need a device to copy from; the execution trace cannot record sparse tensors.
     watch = target.device.type != "cpu" and not _has_sparse(samples)
     host = HostCopies()
+    batch = BatchReport()
+    compiler_before = _compiler_stats(target)
     with target.track_ops() as tracker:
+        prepared = []  # (index, sample, seed, generated inputs, the target's inputs, reference result)
         for i, sample in enumerate(samples):
             seed = case.seed * 100_003 + i
             t0 = time.perf_counter()
@@ -245,14 +156,33 @@ def execute_op_case(case: Case, ctx) -> Outcome:
                 fresh_reference.append({"value": ref.value, "error": ref.error, "error_type": ref.error_type,
                                         "skipped": ref.skipped})
             timer.add("reference", t0)
+            prepared.append((i, sample, seed, generated, target_parts, ref))
 
+        compiled: dict[int, SideResult] = {}
+        drew_in_batch = False
+        if target.compiles:  # the samples the reference runs, compiled together (op_tests/run.py)
             t0 = time.perf_counter()
+            runnable = {i: tp for i, _, _, _, tp, ref in prepared if ref.error is None and not ref.skipped}
             with watch_host_copies(watch, allowed=len(rule.cpu_arguments)) as seen, \
                     DrawWatch(target.own_random_stream) as drew:
-                tgt = run_op(op, rule, sample, target_parts, backward=backward, device=target.device, seed=seed,
-                             prepare=target.prepare if target.compiles else None)
-                target.synchronize()
+                compiled, batch = run_compiled_batch(op, rule, samples, runnable, backward=backward, target=target,
+                                                     seeds={i: seed for i, _, seed, *_ in prepared})
             host.add(seen)
+            drew_in_batch = bool(drew)
+            timer.add("target", t0)
+
+        for i, sample, seed, generated, target_parts, ref in prepared:
+            t0 = time.perf_counter()
+            drew = drew_in_batch
+            if target.compiles:
+                tgt = compiled.get(i) or SideResult()  # not run: the reference fails or skips this sample
+            else:
+                with watch_host_copies(watch, allowed=len(rule.cpu_arguments)) as seen, \
+                        DrawWatch(target.own_random_stream) as watched:
+                    tgt = run_op(op, rule, sample, target_parts, backward=backward, device=target.device, seed=seed)
+                    target.synchronize()
+                host.add(seen)
+                drew = bool(watched)
             timer.add("target", t0)
 
             t0 = time.perf_counter()
@@ -263,6 +193,9 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             judge = _judge(tolerance, sample_rule, target_parts, target.device, precision)
             verdict = judge_sample(i, op, rule, sample, generated, ref, tgt, backward=backward, seed=seed,
                                    judge=judge, nondeterministic=nondeterministic)
+            if i in compiled and i not in batch.alone and verdict.status not in (Status.PASS, Status.SKIP):
+                verdict = _alone(op, rule, sample, generated, ref, verdict, i=i, seed=seed, backward=backward,
+                                 target=target, judge=judge, nondeterministic=nondeterministic)
             if sample.name and verdict.status not in (Status.PASS, Status.SKIP):
                 verdict.message = f"{verdict.message} [{sample.name}]"
             if verdict.comparison:
@@ -285,7 +218,38 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     _name_the_cause(case, outcome, samples, verdicts)
     if compiled_graphs:
         outcome.evidence["compiled_graphs"] = compiled_graphs
+    if target.compiles:
+        outcome.evidence["compile"] = batch.to_dict()
+        after = _compiler_stats(target)
+        if after is not None and compiler_before is not None:  # the emulated compiler: what it compiled, reused
+            outcome.evidence["compile"]["compiler"] = {k: after[k] - compiler_before[k] for k in after}
     return outcome
+
+
+def _compiler_stats(target) -> dict | None:
+    """The emulated compiler's counts of graphs compiled and reused, and its latency so far (compile targets)."""
+    if not (target.compiles and target.is_emulated):
+        return None
+    from emulator.compile_backend import compile_stats
+
+    return dict(compile_stats)
+
+
+def _alone(op, rule, sample, generated, ref, verdict: SampleVerdict, *, i: int, seed: int, backward: bool, target,
+           judge, nondeterministic: list[int]) -> SampleVerdict:
+    """A sample that failed in a graph of many, compiled in a graph of its own: the smallest graph that shows
+    the failure is its evidence (and its reproducer's); one that passes alone keeps the batch's verdict, said so."""
+    target_parts = target_inputs(generated, target.device, rule.cpu_arguments)
+    tgt = run_op(op, rule, sample, target_parts, backward=backward, device=target.device, seed=seed,
+                 prepare=target.prepare)
+    target.synchronize()
+    alone = judge_sample(i, op, rule, sample, generated, ref, tgt, backward=backward, seed=seed, judge=judge,
+                         nondeterministic=nondeterministic)
+    if alone.status not in (Status.PASS, Status.SKIP):
+        alone.message = f"{alone.message} (also in a graph of its own)"
+        return alone
+    verdict.message = f"{verdict.message} (only when compiled in one graph with the case's other samples)"
+    return verdict
 
 
 
@@ -444,7 +408,7 @@ def _name_the_cause(case: Case, outcome: Outcome, samples, verdicts: list[Sample
         return
     judged = [v for v in verdicts if v.status is not Status.SKIP]
     family = case.config.get("inputs", "")
-    facts = [sample_facts(samples[v.index], family) for v in judged]
+    facts = [sample_facts(samples[v.index], family, case.name) for v in judged]
     failed = [v.status is not Status.PASS for v in judged]
     if outcome.status is Status.CPU_FALLBACK:
         failed = [True] * len(judged)

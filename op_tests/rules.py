@@ -1,10 +1,17 @@
 """Per-op comparison rules, from ``op_tests/data/op_rules.json``.
 
 Most ops are compared by value. Random ops are compared by distribution,
-uninitialised outputs by metadata, index outputs with ties (sort, topk,
-argmax, ...) by the input values they select, so that a backend that breaks
-ties differently is not failed for it, and randomized factorizations
+uninitialised outputs by metadata, and randomized factorizations
 (svd_lowrank) by a property that does not depend on the random draw.
+
+Index outputs follow PyTorch's documentation on ties, quoted in each rule's
+reason: where it allows any of the tied elements (sort without stable=True,
+topk, median, ...), the indices are replaced by the input values they
+select, so a backend that breaks ties differently is not failed for it;
+where it promises one (argmax and max(dim): the first occurrence; sort with
+stable=True: the input's order), the indices are compared exactly, so a
+backend that breaks the promise is. The ``ties`` input family
+(op_tests/families/ties.py) gives these ops samples with ties.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ class GatherSpec:
     keepdim_position: int | None
     keepdim_default: bool
     index_output: int | None  # position in the output tuple; None: the output is the index
+    exact_when: tuple[tuple[str, object], ...] = ()  # keyword arguments under which the docs promise the order
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,7 +50,8 @@ class OpRule:
 @functools.lru_cache(maxsize=1)
 def _rules() -> dict:
     data = json.loads(RULES_FILE.read_text())
-    for section in ("distribution", "metadata", "gather_indices", "cpu_arguments", "input_families", "properties"):
+    for section in ("distribution", "metadata", "gather_indices", "exact_indices", "cpu_arguments", "input_families",
+                    "properties"):
         for entry in data.get(section, []):
             if not entry.get("reason"):
                 raise ValueError(f"{RULES_FILE.name}: every {section} entry needs a reason ({entry.get('pattern')})")
@@ -81,6 +90,9 @@ def _compare_rule(op_key: str) -> OpRule:
     for entry in data["metadata"]:
         if fnmatch.fnmatchcase(op_key, entry["pattern"]):
             return OpRule(compare="metadata", reason=entry["reason"])
+    for entry in data.get("exact_indices", []):
+        if fnmatch.fnmatchcase(op_key, entry["pattern"]):
+            return OpRule(compare="values", reason=entry["reason"])
     for entry in data["gather_indices"]:
         if fnmatch.fnmatchcase(op_key, entry["pattern"]):
             keepdim = entry.get("keepdim")
@@ -93,9 +105,21 @@ def _compare_rule(op_key: str) -> OpRule:
                     keepdim_position=keepdim[0] if keepdim else None,
                     keepdim_default=bool(keepdim[1]) if keepdim else True,
                     index_output=entry["index_output"],
+                    exact_when=tuple(entry.get("exact_when", {}).items()),
                 ),
             )
     return OpRule(compare="values")
+
+
+def tie_contract(op_key: str) -> str | None:
+    """What PyTorch's docs say about the op's indices of tied elements: "one" (a promised index, compared
+    exactly), "any" (any tied index; compared by the values it selects), or None (no rule about ties)."""
+    data = _rules()
+    if any(fnmatch.fnmatchcase(op_key, e["pattern"]) for e in data.get("exact_indices", [])):
+        return "one"
+    if any(fnmatch.fnmatchcase(op_key, e["pattern"]) for e in data["gather_indices"]):
+        return "any"
+    return None
 
 
 def _arg(args, kwargs, position: int | None, name: str, default):
@@ -107,7 +131,10 @@ def _arg(args, kwargs, position: int | None, name: str, default):
 
 
 def gather_index_output(spec: GatherSpec, cpu_input: torch.Tensor, args, kwargs, output):
-    """Replaces the index tensor in ``output`` by the input values it selects."""
+    """Replaces the index tensor in ``output`` by the input values it selects, unless the call has the keyword
+    arguments under which the docs promise the order (``spec.exact_when``, sort's stable=True)."""
+    if spec.exact_when and all(kwargs.get(name) == value for name, value in spec.exact_when):
+        return output
     dim = _arg(args, kwargs, spec.dim_position, "dim", spec.dim_default)
     keepdim = _arg(args, kwargs, spec.keepdim_position, "keepdim", spec.keepdim_default) if spec.keepdim_position is not None else True
     if not isinstance(dim, int):

@@ -71,7 +71,7 @@ def check_target_used(obs: dict, ctx: CheckContext) -> list[Finding]:
     if (executed or 0) > 0 or (peak or 0) > 0:
         return []
     seen = "no op ran on" if executed is not None else "no memory was allocated on"
-    hint = (f"move the model and its inputs to the device (model.to(device), batch.to(device)) with device = "
+    hint = ("move the model and its inputs to the device (model.to(device), batch.to(device)) with device = "
             f"torch.accelerator.current_accelerator(); drop options that turn the accelerator off (--no-accel, "
             f"--cpu), or pass --device {{device}} after -- if the script takes one")
     detail = "everything ran on the CPU, so nothing about the target was tested"

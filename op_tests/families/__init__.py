@@ -15,7 +15,10 @@ to every op whose samples it can transform, not only to element-wise ones:
 - ``layouts``: the same values transposed, sliced with a step, expanded,
   channels-last, and at a storage offset (layouts.py);
 - ``variants``: in-place and ``out=`` against the functional result, and
-  views that must alias their base (variants.py).
+  views that must alias their base (variants.py);
+- ``ties``: tied values for ops that return indices of tied elements, whose
+  documented contract (the first occurrence, or any) decides how they are
+  compared (ties.py).
 
 A family case is one op x dtype x direction x family, with config
 ``{"source": "family", "inputs": FAMILY}``: a stable id, and a fixed seed
@@ -31,7 +34,7 @@ from typing import Callable
 
 import torch
 
-FAMILIES = ("sizes", "extremes", "mixed", "layouts", "variants")
+FAMILIES = ("sizes", "extremes", "mixed", "layouts", "variants", "ties")
 
 
 class FamilyNotApplicable(ValueError):
@@ -105,7 +108,7 @@ def _variant_dtypes(op, supported, direction):
 
 
 def _registry() -> dict[str, Family]:
-    from . import extremes, layouts, mixed, sizes, variants
+    from . import extremes, layouts, mixed, sizes, ties, variants
 
     return {
         "sizes": Family(name="sizes", description="lengths across tile boundaries and long reductions",
@@ -118,6 +121,8 @@ def _registry() -> dict[str, Family]:
                           dtypes=_layout_dtypes, make=layouts.make_samples),
         "variants": Family(name="variants", description="in-place, out= and view aliasing",
                            dtypes=_variant_dtypes, make=variants.make_samples),
+        "ties": Family(name="ties", description="tied values for ops that return indices of tied elements",
+                       dtypes=ties.tie_dtypes, make=ties.make_samples),
     }
 
 

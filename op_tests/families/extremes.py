@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .templates import keep_grad, make_sample, map_tensors, parts_of, templates
+from .templates import make_sample, parts_of, replace_values, templates
 
 TEMPLATES = 2
 
@@ -94,16 +94,7 @@ def make_samples(op, case) -> list:
     for k, template in enumerate(templates(op, case, requires_grad=backward, limit=TEMPLATES)):
         parts = parts_of(template)
         for name, values in classes:
-            changed = False
-
-            def replace(index, t, values=values):
-                nonlocal changed
-                if t.dtype != dtype or t.numel() == 0:
-                    return t
-                changed = True
-                return keep_grad(_with_values(t, values, index), t)
-
-            moved = map_tensors(parts, replace)
-            if changed:
+            moved = replace_values(parts, dtype, lambda index, t, values=values: _with_values(t, values, index))
+            if moved is not None:
                 out.append(make_sample(moved, f"{name} (sample {k})", like=template))
     return out

@@ -77,6 +77,22 @@ def map_tensors(parts, fn: Callable[[int, torch.Tensor], object]) -> tuple:
     return tree_unflatten(out, spec)
 
 
+def replace_values(parts, dtype: torch.dtype, fn: Callable[[int, torch.Tensor], torch.Tensor]) -> tuple | None:
+    """``parts`` with each non-empty tensor of ``dtype`` replaced by ``fn(index, tensor)``, requiring grad as it
+    did; None when there is no such tensor (the other tensors, indices and masks, are left alone)."""
+    changed = False
+
+    def replace(index, t):
+        nonlocal changed
+        if t.dtype != dtype or t.numel() == 0:
+            return t
+        changed = True
+        return keep_grad(fn(index, t), t)
+
+    moved = map_tensors(parts, replace)
+    return moved if changed else None
+
+
 def keep_grad(new: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``new`` detached, requiring grad exactly when ``like`` did (a leaf either way)."""
     new = new.detach()

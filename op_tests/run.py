@@ -1,0 +1,252 @@
+"""One side of an op sample: its inputs on the side's device, the op run there, its output as compared.
+
+Under a compile target the case's samples are compiled together (:func:`run_compiled_batch`): one graph
+for many samples, since a real compiler takes seconds to minutes a graph. Each sample is still judged on
+its own. ``fullgraph=True`` proves that every sample's op went through the compiler (a graph break
+raises); a batch that fails to compile or raises is bisected down to the samples responsible, and a batch
+that breaks the graph falls back to a graph per sample, which counts its graphs (none: a harness error).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+
+from conformance.target import Compiled
+from diff.sides import to_device
+
+from .rules import PROPERTIES, OpRule, gather_index_output
+from .samples import sample_variant
+
+# ---------------------------------------------------------------- a side's inputs
+def target_inputs(parts, device, keep_on_cpu: tuple[int, ...] = ()):
+    """The sample's (input, args, kwargs) for the target: same layouts, device arguments redirected.
+
+    ``x.to("cpu")`` in a sample made on the CPU becomes ``x.to("neuron")``;
+    ``keep_on_cpu``: positions in the args that the op's API wants on the CPU
+    (op_rules.json "cpu_arguments").
+    """
+    inp, args, kwargs = parts
+    kept = {i: args[i] for i in keep_on_cpu if i < len(args)}
+    moved = to_device((inp, tuple(a for i, a in enumerate(args) if i not in kept), kwargs), device,
+                      same_layout=True, redirect="cpu")
+    rest = iter(moved[1])
+    return moved[0], tuple(kept[i] if i in kept else next(rest) for i in range(len(args))), moved[2]
+
+
+def fresh_leaves(value):
+    """Fresh leaf copies on each tensor's own device, so both sides start from identical autograd leaves.
+
+    (Some OpInfo samples arrive as tensors whose recorded graph does not reach them.)
+    """
+    return to_device(value, None, same_layout=True)
+
+
+# ---------------------------------------------------------------- running one side
+@dataclass
+class SideResult:
+    value: Any = None  # processed outputs (forward) or gradients (backward), on the side's device
+    error: str | None = None
+    error_type: str | None = None
+    skipped: str | None = None  # why this sample cannot be judged
+    graphs: int | None = None  # compile targets: graphs compiled for this sample (0: it ran eagerly)
+
+
+def _cotangents(outputs: list[torch.Tensor], seed: int, device) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    cots = []
+    for o in outputs:
+        c = torch.randn(o.shape, generator=gen, dtype=torch.float64)
+        if o.is_complex():
+            c = torch.complex(c, torch.randn(o.shape, generator=gen, dtype=torch.float64))
+        cots.append(c.to(dtype=o.dtype).to(device))
+    return cots
+
+
+def op_callable(op, variant: str = ""):
+    """The op as a plain function (for torch.compile), or one of its variants (families/variants.py)."""
+    if variant:
+        from .families.variants import run_variant
+
+        return lambda i, *a, **k: run_variant(op, variant, i, a, k)
+    return lambda i, *a, **k: op(i, *a, **k)
+
+
+def run_op(op, rule: OpRule, sample, parts, *, backward: bool, device, seed: int, prepare=None) -> SideResult:
+    """Runs the op (or the sample's variant of it) on one side; ``parts`` are that side's (input, args, kwargs)."""
+    variant = sample_variant(sample)
+    fn = op if prepare is None and not variant else op_callable(op, variant)
+    fn = fn if prepare is None else prepare(fn)
+    result = _run_op(fn, rule, sample, parts, backward=backward, device=device, seed=seed)
+    if isinstance(fn, Compiled):
+        result.graphs = fn.graphs
+    return result
+
+
+def _run_op(fn, rule: OpRule, sample, parts, *, backward: bool, device, seed: int) -> SideResult:
+    inp, args, kwargs = parts
+    try:
+        out = processed_output(fn(inp, *args, **kwargs), rule, sample, parts, backward=backward)
+        if not backward:
+            return SideResult(value=out)
+        diff_inputs, diff_outputs = differentiable(parts, out)
+        if not diff_inputs or not diff_outputs:
+            return SideResult(skipped="no differentiable inputs or outputs")
+        grads = torch.autograd.grad(
+            diff_outputs, diff_inputs, _cotangents(diff_outputs, seed, device), allow_unused=True
+        )
+        return SideResult(value=list(grads))
+    except Exception as exc:  # noqa: BLE001 - any failure of the op is a finding
+        return failed(exc)
+
+
+def failed(exc: BaseException) -> SideResult:
+    text = f"{type(exc).__name__}: {exc}"
+    return SideResult(error=text.strip(), error_type=type(exc).__name__)
+
+
+def processed_output(out, rule: OpRule, sample, parts, *, backward: bool):
+    """The op's raw output as it is compared: the rule's property, or the sample's own processing."""
+    inp, args, kwargs = parts
+    if rule.property is not None:  # instead of the sample's own processing, which expects the raw output
+        out = PROPERTIES[rule.property](out, inp, args, kwargs, rule.op_key)
+    else:
+        out = sample.output_process_fn_grad(out)
+    if rule.gather is not None and not backward:
+        cpu_input = inp if isinstance(inp, torch.Tensor) else None
+        if cpu_input is not None:
+            out = gather_index_output(rule.gather, cpu_input.detach().cpu(), args, kwargs, out)
+    return out
+
+
+def differentiable(parts, out) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(inputs, outputs) that take part in the backward comparison."""
+    return ([t for t in tree_leaves(parts) if isinstance(t, torch.Tensor) and t.requires_grad],
+            [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad])
+
+
+
+
+
+# ---------------------------------------------------------------- samples compiled together
+MAX_SAMPLES_PER_GRAPH = 48  # bounds a graph's size (and what one failure costs to bisect)
+
+
+@dataclass
+class BatchReport:
+    """How a case's samples went through the compiler: the evidence that each did."""
+
+    graphs: int = 0  # graphs compiled, all batches together
+    batches: list[int] | None = None  # samples per batch that compiled whole (fullgraph)
+    bisected: int = 0  # batches split because they failed to compile or raised
+    alone: list[int] | None = None  # samples compiled in a graph of their own (graph breaks, bisection)
+    fallback: str = ""  # why samples went to graphs of their own
+
+    def to_dict(self) -> dict:
+        return {"graphs": self.graphs, "batches": self.batches or [], "bisected": self.bisected,
+                "alone": self.alone or [], "fallback": self.fallback}
+
+
+def run_compiled_batch(op, rule: OpRule, samples, parts: dict[int, Any], *, backward: bool, target,
+                       seeds: dict[int, int]) -> tuple[dict[int, SideResult], BatchReport]:
+    """The target side of the samples ``parts`` (index -> that side's inputs), compiled in batches."""
+    report = BatchReport(batches=[], alone=[])
+    results: dict[int, SideResult] = {}
+    order = list(parts)
+    pending = [order[k:k + MAX_SAMPLES_PER_GRAPH] for k in range(0, len(order), MAX_SAMPLES_PER_GRAPH)]
+    while pending:
+        group = pending.pop(0)
+        if len(group) == 1:
+            i = group[0]
+            results[i] = run_op(op, rule, samples[i], parts[i], backward=backward, device=target.device,
+                                seed=seeds[i], prepare=target.prepare)
+            report.alone.append(i)
+            report.graphs += results[i].graphs or 0
+            continue
+        outcome = _compile_group(op, rule, samples, parts, group, backward=backward, target=target, seeds=seeds)
+        if isinstance(outcome, dict):
+            results.update(outcome)
+            report.batches.append(len(group))
+            report.graphs += next(iter(outcome.values())).graphs or 0
+        elif _graph_break(outcome):  # dynamo cannot put the op in one graph: a graph per sample says how many
+            report.fallback = report.fallback or f"{type(outcome).__name__}: {str(outcome).splitlines()[0]}"[:300]
+            pending[:0] = [[i] for i in group]
+        else:  # a compiler error or a sample that raises: halves, down to the samples responsible
+            report.bisected += 1
+            half = len(group) // 2
+            pending[:0] = [group[:half], group[half:]]
+    return results, report
+
+
+def _graph_break(exc: BaseException) -> bool:
+    import torch._dynamo.exc as dynamo_exc
+
+    return isinstance(exc, (dynamo_exc.Unsupported, dynamo_exc.UserError))
+
+
+def _compile_group(op, rule: OpRule, samples, parts: dict[int, Any], group: list[int], *, backward: bool, target,
+                   seeds: dict[int, int]) -> dict[int, SideResult] | BaseException:
+    """One graph for the group's samples (fullgraph), then each sample's output processed (and, backward,
+    all gradients in one pass: the samples share no input). The exception when the batch fails."""
+    fns, templates, specs, slots, tensors = [], [], [], [], []
+    for i in group:
+        fns.append(op_callable(op, sample_variant(samples[i])))
+        leaves, spec = tree_flatten(parts[i])
+        templates.append(leaves)
+        specs.append(spec)
+        positions = [k for k, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        slots.append(positions)
+        tensors += [leaves[k] for k in positions]
+
+    def batch(*flat):
+        outs, taken = [], 0
+        for fn, leaves, spec, positions in zip(fns, templates, specs, slots):
+            leaves = list(leaves)
+            for k in positions:
+                leaves[k] = flat[taken]
+                taken += 1
+            inp, args, kwargs = tree_unflatten(leaves, spec)
+            outs.append(fn(inp, *args, **kwargs))
+        return outs
+
+    compiled = target.compile(batch, fullgraph=True)
+    try:
+        raw = compiled(*tensors)
+        target.synchronize()
+    except Exception as exc:  # noqa: BLE001 - the caller bisects or falls back
+        return exc
+    results: dict[int, SideResult] = {}
+    pending: list[tuple[int, list, list]] = []
+    for i, out in zip(group, raw):
+        try:
+            value = processed_output(out, rule, samples[i], parts[i], backward=backward)
+        except Exception as exc:  # noqa: BLE001 - any failure of the op is a finding
+            results[i] = failed(exc)
+            continue
+        if not backward:
+            results[i] = SideResult(value=value)
+            continue
+        diff_inputs, diff_outputs = differentiable(parts[i], value)
+        if not diff_inputs or not diff_outputs:
+            results[i] = SideResult(skipped="no differentiable inputs or outputs")
+        else:
+            pending.append((i, diff_inputs, diff_outputs))
+    if pending:
+        outputs = [o for _, _, outs in pending for o in outs]
+        inputs = [x for _, ins, _ in pending for x in ins]
+        cotangents = [c for i, _, outs in pending for c in _cotangents(outs, seeds[i], target.device)]
+        try:
+            grads = torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
+            target.synchronize()
+        except Exception as exc:  # noqa: BLE001 - the backward graph failed: bisect like a forward failure
+            return exc
+        taken = 0
+        for i, ins, _ in pending:
+            results[i] = SideResult(value=list(grads[taken:taken + len(ins)]))
+            taken += len(ins)
+    for result in results.values():
+        result.graphs = compiled.graphs
+    return results

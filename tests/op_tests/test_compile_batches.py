@@ -1,0 +1,65 @@
+"""Compile targets compile a case's samples together: the cost follows graphs, not samples.
+
+A real compiler takes seconds to minutes a graph, so the compile-mode gate compiles one graph per batch of
+samples (fullgraph: every sample's op is in it), judges each sample on its own, bisects a batch that fails
+to compile or raises down to the samples responsible, and reuses within a build what it compiled.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from conformance.case import Case
+from op_tests.samples import generate_samples, sample_parts
+from op_tests.sources import get_op
+
+from ..conftest import run_cli
+
+LATENCY = 0.05
+
+
+def _ops(tmp_path, *args, env=None, build="b1"):
+    jsonl = tmp_path / f"{build}-{len(list(tmp_path.iterdir()))}.jsonl"
+    result = run_cli("neuron-conformance", "ops", "--dtypes", "float32", "--directions", "forward",
+                     "--target", "neuron:compile", "--results", str(tmp_path / "runs"), "--build", build,
+                     "--jsonl", str(jsonl), "--hypothesis-examples", "0", "-j", "1", *args, env=env, timeout=600)
+    assert result.returncode in (0, 1), result.stderr[-3000:]
+    return [json.loads(line) for line in jsonl.read_text().splitlines()]
+
+
+def test_samples_compile_in_one_graph_and_a_rerun_in_the_build_compiles_nothing(tmp_path):
+    profile = f"exact:compile_seconds_per_graph={LATENCY}"
+    first = _ops(tmp_path, "--ops", "tanh", "--families", "none", "--emulator-profile", profile)
+    (row,) = [r for r in first if r["case"]["config"].get("source") == "opinfo"]
+    evidence = row["outcome"]["evidence"]
+    assert row["outcome"]["status"] == "pass" and evidence["samples"] > 5
+    compile = evidence["compile"]
+    assert compile["batches"] == [evidence["samples"]] and compile["graphs"] == 1 and not compile["alone"]
+    assert compile["compiler"]["compiled"] == 1, "one graph for every sample"
+    assert abs(compile["compiler"]["seconds"] - LATENCY) < 1e-9, "the latency of one graph, not one per sample"
+    again = _ops(tmp_path, "--ops", "tanh", "--families", "none", "--emulator-profile", profile)
+    (row,) = [r for r in again if r["case"]["config"].get("source") == "opinfo"]
+    compiler = row["outcome"]["evidence"]["compile"]["compiler"]
+    assert compiler["compiled"] == 0 and compiler["cached"] == 1 and compiler["seconds"] == 0
+    other = _ops(tmp_path, "--ops", "tanh", "--families", "none", "--emulator-profile", profile, build="b2")
+    (row,) = [r for r in other if r["case"]["config"].get("source") == "opinfo"]
+    assert row["outcome"]["evidence"]["compile"]["compiler"]["compiled"] == 1, "nothing is kept across builds"
+
+
+def test_a_batch_that_raises_is_bisected_down_to_the_samples_responsible(tmp_path):
+    """A compiler that fails only on float64 operands: the samples of the mixed family that have one (a
+    Python float reaches the dispatcher as a float64 scalar) are errors, every other sample passes."""
+    env = {"NEURON_VALIDATE_FAULTS": "raise@aten::add,mode=compile,dtype=float64"}
+    rows = _ops(tmp_path, "--ops", "add", "--families", "mixed", "--emulator-profile", "exact", env=env)
+    (row,) = [r for r in rows if r["case"]["config"].get("inputs") == "mixed"]
+    evidence = row["outcome"]["evidence"]
+    case = Case(**row["case"])
+    wide = [any((isinstance(t, torch.Tensor) and t.dtype == torch.float64) or type(t) is float
+                for t in torch.utils._pytree.tree_leaves(sample_parts(s)))
+            for s in generate_samples(get_op("add"), case)]
+    statuses = evidence["sample_statuses"]
+    assert len(statuses) == len(wide) and any(wide) and not all(wide)
+    assert [s == "error" for s in statuses] == wide
+    assert evidence["compile"]["bisected"] >= 1 and row["outcome"]["status"] == "error"
