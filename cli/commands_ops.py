@@ -45,7 +45,7 @@ def register(sub) -> None:
     p.add_argument("--hypothesis-examples", type=int, default=16,
                    help="hypothesis examples per element-wise op x float dtype x direction (0: none)")
     p.add_argument("--families", default="all", metavar="NAME,...",
-                   help="input families that hunt accelerator bugs: sizes, extremes, mixed, layouts, variants; "
+                   help="input families that hunt accelerator bugs: sizes, extremes, mixed, layouts, variants, ties; "
                         "'all' (default) or 'none'")
     p.add_argument("--list", action="store_true", help="print the selected cases and exit")
     p.set_defaults(func=cmd_ops)
