@@ -82,11 +82,12 @@ def _dispatch_key(device_type: str) -> str:
 
 @lru_cache(maxsize=None)
 def _decomposed_by_pytorch(op: str, key: str) -> bool:
-    """Whether ``op`` (``aten::name``) runs on this backend as PyTorch's own composite decomposition.
+    """Whether ``op`` (``aten::name``) runs on this backend as PyTorch's own composite code.
 
-    Such an op's code is the same on every backend: a copy it makes (ctc_loss reads its lengths on the
-    host) is PyTorch's doing, not the backend computing on the host. An op with a kernel of the backend's
-    own (registered for its dispatch key) is the backend's, whatever its code does.
+    Such an op's code is the same on every backend without a kernel of its own: a copy it makes (ctc_loss
+    reads its lengths on the host; ``_grouped_mm``'s composite, which the CPU runs too, reads its group
+    offsets) is PyTorch's doing, not the backend computing on the host. An op with a kernel of the
+    backend's own (registered for its dispatch key) is the backend's, whatever its code does.
     """
     import torch
 
@@ -102,7 +103,8 @@ def _decomposed_by_pytorch(op: str, key: str) -> bool:
         except RuntimeError:  # an overload TorchScript knows and the dispatcher does not (aten::sin.int)
             return False
 
-    return (any(has(q, "CompositeImplicitAutograd") for q in qualified)
+    composite = ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
+    return (any(has(q, k) for q in qualified for k in composite)
             and not any(has(q, key) for q in qualified))
 
 
