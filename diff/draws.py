@@ -87,6 +87,9 @@ class DrawLog:
 
     draws: list[Draw] = field(default_factory=list)
     redirected: set[str] = field(default_factory=set)  # device ops whose draw was taken on the CPU
+    # Device ops whose draw could not be taken on the CPU (a device-only kernel such as CUDA's flash
+    # attention with dropout): they drew from the device's own stream, and the logs part there.
+    unshared: set[str] = field(default_factory=set)
 
     def __len__(self) -> int:
         return len(self.draws)
@@ -97,12 +100,14 @@ class DrawLog:
         return [i for i, d in enumerate(self.draws) if d.on_device]
 
     def to_dict(self) -> dict:
-        return {"draws": [d.to_list() for d in self.draws], "redirected": sorted(self.redirected)}
+        return {"draws": [d.to_list() for d in self.draws], "redirected": sorted(self.redirected),
+                "unshared": sorted(self.unshared)}
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "DrawLog":
         data = data or {}
-        return cls(draws=[Draw.from_list(d) for d in data.get("draws", ())], redirected=set(data.get("redirected", ())))
+        return cls(draws=[Draw.from_list(d) for d in data.get("draws", ())], redirected=set(data.get("redirected", ())),
+                   unshared=set(data.get("unshared", ())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,8 +339,13 @@ class SharedDraws(TorchDispatchMode):
                 out = func(*args, **kwargs)
             used = own
         elif self.shared and (on_device or self._maps_dtype(func, args, kwargs)):
-            out, used = self._on_cpu(func, args, kwargs, device, generator)
-            self.log.redirected.add(func._schema.name)
+            try:
+                out, used = self._on_cpu(func, args, kwargs, device, generator)
+                self.log.redirected.add(func._schema.name)
+            except (RuntimeError, NotImplementedError):  # no CPU kernel: the device draws, and the logs part
+                self.log.unshared.add(func._schema.name)
+                out = func(*args, **kwargs)
+                used = generator if generator is not None else torch.default_generator
         else:
             out = func(*args, **kwargs)
             used = generator if generator is not None else torch.default_generator

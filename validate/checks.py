@@ -299,12 +299,7 @@ def check_recompilation(obs: dict, ctx: CheckContext) -> list[Finding]:
     comp = obs.get("target", {}).get("compile")
     if not comp:
         return []
-    events = comp.get("events") or []
-    # The model's train()/eval() mode at each compilation: each graph dynamo handed over starts at an event.
-    starts = sorted((start, mode) for start, mode in comp.get("training") or [] if start is not None)
-    if starts:
-        events = [{**e, "training": next((m for start, m in reversed(starts) if start <= i), None)}
-                  for i, e in enumerate(events)]
+    events = comp.get("events") or []  # one per graph, with the model's train()/eval() mode where known
     families: dict[tuple, list[dict]] = defaultdict(list)
     for e in events:
         families[(tuple(len(s) for s in e["shapes"]), tuple(e["dtypes"]))].append(e)
@@ -318,8 +313,9 @@ def check_recompilation(obs: dict, ctx: CheckContext) -> list[Finding]:
             varying = []
             for i in range(len(shapes[0])):
                 for d in range(len(shapes[0][i])):
-                    values = sorted({s[i][d] for s in shapes})
-                    if len(values) > 1:
+                    values = {s[i][d] for s in shapes}
+                    if len(values) > 1 and all(isinstance(v, int) for v in values):  # not a symbolic dim
+                        values = sorted(values)
                         varying.append((i, d, values))
             lines = []
             hints = []
@@ -450,12 +446,15 @@ def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
                                       "batches differ (same weights)",
                                 hint=start_hint))
     if draws.get("parting"):
+        unshared = draws.get("unshared") or []
         findings.append(Finding(
             check="randomness", severity="warning", subject="parting",
             title=f"the sides ask for different random numbers from {draws['parting']}",
-            hint="the script takes another path on the target (a branch on a value, or on the device), so the "
-                 "draws after this one are not the reference's; the loss curves after it compare different "
-                 "computations", data=draws))
+            hint=(f"{', '.join(unshared)} has no CPU kernel to take the reference's draw from, so the target drew "
+                  "its own numbers there" if unshared else
+                  "the script takes another path on the target (a branch on a value, or on the device)") +
+                 "; the draws after this one are not the reference's, and the loss curves after it compare "
+                 "different computations", data=draws))
     for problem in obs.get("harness") or ():
         findings.append(Finding(check="harness", severity="warning", subject=problem.split(":")[0],
                                 title=f"a side the bands need did not run: {problem}",

@@ -215,6 +215,7 @@ def _band_sides(options: ValidateOptions, settings: RunSettings, data: dict, pro
     data["draws"] = {"reference": len(ref_draws), "target": len(tgt_draws), "on_device": len(on_device),
                      "ops_on_device": sorted({tgt_draws.draws[i].op for i in on_device}),
                      "parting": parting.describe() if parting else None,
+                     "unshared": sorted(tgt_draws.unshared),
                      "log_bytes": len(json.dumps(ref.get("draws") or {}))}
     model = band_model(data.get("precision_model"), layers_compared=options.localize and options.nproc == 1)
     cpu_env = CPU_SIDE_ENV if options.reference.split(":")[0] == "cpu" else {}
