@@ -69,21 +69,40 @@ def apply_strict_neuronx_env() -> None:
         os.environ.setdefault(key, value)
 
 
+def graph_inputs(example_inputs) -> dict:
+    """The shapes and dtypes of the tensors dynamo hands a backend with a graph.
+
+    A static-shape compiler (Neuron's) builds one graph per such signature, so these are what the
+    recompilation check compares; any backend is handed them, which keeps the check backend-neutral.
+    A symbolic dim (dynamic=True) is kept as its name, never specialised by reading it.
+    """
+    import torch
+
+    tensors = [v for v in example_inputs if isinstance(v, torch.Tensor)]
+    return {"shapes": [[s if isinstance(s, int) else str(s) for s in t.shape] for t in tensors],
+            "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors]}
+
+
 class GraphCounter:
-    """A torch.compile backend that counts the graphs it is handed and passes them to the real one."""
+    """A torch.compile backend that records the graphs it is handed and passes them to the real one."""
 
     def __init__(self, backend, on_graph: Callable | None = None) -> None:
-        """``backend``: a backend's name, or a backend itself; ``on_graph(gm)`` is told of each graph."""
+        """``backend``: a backend's name, or a backend itself; ``on_graph(gm, inputs)`` is told of each graph
+        (``inputs``: its :func:`graph_inputs`)."""
         self.backend = backend
-        self.graphs = 0
+        self.seen: list[dict] = []  # graph_inputs of each graph, in the order compiled
         self.on_graph = on_graph
+
+    @property
+    def graphs(self) -> int:
+        return len(self.seen)
 
     def __call__(self, gm, example_inputs, **kwargs):
         import torch._dynamo
 
-        self.graphs += 1
+        self.seen.append(graph_inputs(example_inputs))
         if self.on_graph is not None:
-            self.on_graph(gm)
+            self.on_graph(gm, self.seen[-1])
         backend = torch._dynamo.lookup_backend(self.backend) if isinstance(self.backend, str) else self.backend
         return backend(gm, example_inputs, **kwargs)
 

@@ -276,7 +276,8 @@ def _observe(spec: ChildSpec, result: dict, progress) -> None:
     tgt_side.extra["wide_tensors"] = wide_tensors(
         [*named_inputs(args, kwargs), *model.named_parameters(), *model.named_buffers()])
     if target.compiles:
-        tgt_side.extra["compile"] = compile_observations()
+        seen = (result.get("compiled") or {}).get("graphs_seen") or []
+        tgt_side.extra["compile"] = compile_observations(seen, emulated=target.is_emulated)
     result["reference"] = ref_side.to_dict()
     result["target"] = tgt_side.to_dict()
 
@@ -348,4 +349,4 @@ def _compiled_check(model, args, kwargs, *, target, reference, loss, grad_output
     gradients = (judge(grads, ref_grads, golden=lambda: golden()[1], noise=noise(1), path="grad").decided
                  if grads is not None else None)
     return {"outputs": outputs.to_dict(), "gradients": gradients.to_dict() if gradients is not None else None,
-            "graphs": compiled.graphs}
+            "graphs": compiled.graphs, "graphs_seen": compiled.counter.seen}

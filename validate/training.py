@@ -76,10 +76,9 @@ class _State:
         # without gradients (eval under no_grad, as nanoGPT's estimate_loss) is kept only until one does.
         self.autocast = None  # the dtype of the autocast region the compared call ran in, if any
         self.root = None  # the compared model (a weak reference)
-        # Per graph dynamo hands over: [index of the backend's first compile event for it, was the model in
-        # train() mode] (the backend records forward and backward graphs as events of their own).
-        self.graph_modes: list = []
-        self.compile_events = None  # the emulated backend's event list, where there is one
+        # Each graph dynamo hands a backend on this side, in order: its input shapes and dtypes, and whether
+        # the model was in train() mode (a graph per mode is expected, not a recompilation).
+        self.graphs_seen: list[dict] = []
 
     def completed_steps(self) -> int:
         """Training steps so far: optimizer steps, or backward() calls in a script that steps no optimizer."""
@@ -91,10 +90,9 @@ class _State:
             return self.losses, self.times
         return self.micro_losses, self.micro_times
 
-    def note_graph(self, gm) -> None:
+    def note_graph(self, gm, inputs: dict) -> None:
         root = self.root() if self.root is not None else None
-        start = len(self.compile_events) if self.compile_events is not None else None
-        self.graph_modes.append([start, None if root is None else bool(root.training)])
+        self.graphs_seen.append({**inputs, "training": None if root is None else bool(root.training)})
 
 
 def _script_args(spec: ChildSpec, device: str, device_option: str | None) -> list[str]:
@@ -105,8 +103,9 @@ def _script_args(spec: ChildSpec, device: str, device_option: str | None) -> lis
 
 
 def _patch_accelerator_for_cpu(torch) -> None:
-    """The CPU reference: torch.accelerator says there is none and hands out the CPU, as one device (a
-    torchrun-style ``LOCAL_RANK % device_count()`` then picks it on every rank)."""
+    """A CPU side (the reference, or a cpu / cpu:compile target): torch.accelerator says there is none and
+    hands out the CPU, as one device (a torchrun-style ``LOCAL_RANK % device_count()`` then picks it on every
+    rank). Without it a script asking for the accelerator gets the emulated neuron device on a CPU target."""
     cpu = torch.device("cpu")
     torch.accelerator.is_available = lambda: False
     torch.accelerator.current_accelerator = lambda check_available=False: None if check_available else cpu
@@ -202,8 +201,11 @@ def _install(state: _State, torch, here) -> dict:
             if model is None:
                 return lambda m: m
             return model
-        # Every graph the script compiles on the target is counted, whichever backend it names.
-        if "backend" in kwargs:
+        # Every graph the script compiles on the target is counted, whichever backend it names, and once:
+        # the harness's own compile (Module.compile calls torch.compile) already passes its counter.
+        if isinstance(kwargs.get("backend"), GraphCounter):
+            pass
+        elif "backend" in kwargs:
             kwargs["backend"] = GraphCounter(kwargs["backend"], on_graph=state.note_graph)
             state.counters.append(kwargs["backend"])
         else:
@@ -299,7 +301,7 @@ def observe(spec: ChildSpec, progress) -> dict:
     except TargetError as exc:
         result["script_problem"] = str(exc)
         return result
-    if spec.side != "target" and here.kind == "cpu":
+    if here.kind == "cpu":
         _patch_accelerator_for_cpu(torch)
     result["manifest"] = here.manifest()
     device = str(here.device)
@@ -309,8 +311,7 @@ def observe(spec: ChildSpec, progress) -> dict:
     if here.compiles and here.is_emulated:
         from emulator import compile_backend
 
-        compile_backend.clear_compile_events()
-        state.compile_events = compile_backend.compile_events
+        compile_backend.clear_compile_events()  # its narrowing losses: this run's only
     state.compiled_graphs = GraphCounter(here.compile_backend(), on_graph=state.note_graph)
     state.counters.append(state.compiled_graphs)
     originals = _install(state, torch, here)
@@ -371,8 +372,8 @@ def observe(spec: ChildSpec, progress) -> dict:
         side.extra["placement"] = state.root_scan or {"cpu_state": [], "plain_tensors": []}
         side.extra["wide_tensors"] = state.wide
         if here.compiles or state.script_compiles:
-            side.extra["compile"] = {**compile_observations(), "graphs": sum(c.graphs for c in state.counters),
-                                     "training": state.graph_modes}
+            side.extra["compile"] = {**compile_observations(state.graphs_seen, emulated=here.is_emulated),
+                                     "graphs": sum(c.graphs for c in state.counters)}
         why = _why_no_gradients(state)
         if why:
             result["gradients_not_compared"] = why

@@ -84,7 +84,7 @@ def test_real_neuron_reads_the_compiler_flags():
 
 # ---------------------------------------------------------------- checks
 def test_recompilation_names_the_varying_dim_and_suggests_padding():
-    events = [{"graph": i, "shapes": [[100, 32], [8, n]], "dtypes": ["float32", "int64"], "narrowed": [1]}
+    events = [{"graph": i, "shapes": [[100, 32], [8, n]], "dtypes": ["float32", "int64"]}
               for i, n in enumerate((9, 14, 23, 31, 40, 52))]
     (finding,) = check_recompilation({"target": {"compile": {"events": events}}}, CTX)
     assert finding.severity == "warning" and "6 times for 6 different input shapes" in finding.title
@@ -93,13 +93,20 @@ def test_recompilation_names_the_varying_dim_and_suggests_padding():
 
 
 def test_recompiling_the_same_shape_is_a_guard_problem():
-    events = [{"graph": i, "shapes": [[4, 4]], "dtypes": ["float32"], "narrowed": []} for i in range(3)]
+    events = [{"graph": i, "shapes": [[4, 4]], "dtypes": ["float32"]} for i in range(3)]
     (finding,) = check_recompilation({"target": {"compile": {"events": events}}}, CTX)
     assert "recompiled 2 times for input shapes it had compiled before" in finding.title
 
 
+def test_a_graph_per_train_and_eval_mode_is_no_recompilation():
+    events = [{"graph": i, "shapes": [[4, 4]], "dtypes": ["float32"], "training": mode}
+              for i, mode in enumerate((True, False))]
+    (finding,) = check_recompilation({"target": {"compile": {"events": events}}}, CTX)
+    assert finding.severity == "info" and "switches between model.train() and model.eval()" in finding.title
+
+
 def test_one_graph_is_fine():
-    events = [{"graph": 0, "shapes": [[4, 4]], "dtypes": ["float32"], "narrowed": []}]
+    events = [{"graph": 0, "shapes": [[4, 4]], "dtypes": ["float32"]}]
     (finding,) = check_recompilation({"target": {"compile": {"events": events}}}, CTX)
     assert finding.severity == "info"
 

@@ -85,6 +85,15 @@ def test_varying_shapes_recompile_in_compile_mode(validate):
     assert run.report["mode"] == "compile" and "torch.compile" in run.report["target"]["label"]
 
 
+def test_recompilation_is_counted_on_a_backend_that_is_not_the_emulator(validate):
+    """Graphs are counted where dynamo hands them to the backend: inductor on the CPU recompiles per length too."""
+    run = validate(example("varying_shapes.py"), "--target", "cpu:compile")
+    assert run.returncode == 0 and run.report["verdict"] == "ready with warnings", run.stdout
+    (recompile,) = run.findings("recompilation", "warning")
+    assert recompile["title"] == "compiled 6 times for 6 different input shapes"  # each length once, none twice
+    assert recompile["data"]["varying"] == [{"input": 1, "dim": 1, "values": [9, 14, 23, 31, 40, 52]}]
+
+
 def test_perturbed_block_is_ready_without_a_fault(validate):
     run = validate(example("perturbed_block.py"))
     assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
