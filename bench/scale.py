@@ -148,9 +148,9 @@ def main() -> int:
     executors = ["local"] + ([] if args.no_ray else ["ray"])
     for executor in executors:
         if executor == "ray":
-            import ray
+            from runner.transports import ray_init
 
-            ray.init(num_cpus=args.jobs, include_dashboard=False, log_to_driver=False)
+            ray = ray_init(num_cpus=args.jobs)  # a private instance on 127.0.0.1
         label = {"local": "local pool", "ray": "ray"}[executor]
         figures: dict[int, tuple[float, float]] = {}
         for jobs in (1, args.jobs):

@@ -34,7 +34,7 @@ from conformance.case import Case
 from conformance.outcome import Outcome, Status
 
 APPLICATION_ID = 0x4E56414C  # "NVAL"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DB_NAME = "results.sqlite"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -91,7 +91,14 @@ CREATE TABLE reruns (
     PRIMARY KEY (build_id, case_id, attempt)
 );
 """,
+    # 3: how many times the harness ran a case again for a reason outside the backend (a lost node, a killed
+    # worker, the memory cap shared by both sides); the retries themselves (node, reason) are in the evidence.
+    2: """
+ALTER TABLE results ADD COLUMN infra_retries INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX results_with_retries ON results(build_id, infra_retries);
+""",
 }
+RETRIES_KEY = "infra_retries"  # the outcome's evidence: the retries runner.supervisor made, [{node, reason, ...}]
 
 
 class StoreError(RuntimeError):
@@ -374,11 +381,14 @@ class ResultStore:
             (case.id, case.kind, case.family, case.name, case.dtype, case.mode,
              json.dumps(case.config, sort_keys=True, default=str), case.title, case.seed),
         )
+        retries = outcome.evidence.get(RETRIES_KEY)
         self.conn.execute(
-            "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO results (build_id, case_id, outcome, message, metrics, error, duration, artifacts, "
+            "evidence, created, infra_retries) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (build_id, case.id, outcome.status.value, outcome.message,
              json.dumps(outcome.evidence.get("metrics", {}), default=str), outcome.evidence.get("error"),
-             outcome.duration_s, json.dumps(artifacts), json.dumps(record, default=str), created),
+             outcome.duration_s, json.dumps(artifacts), json.dumps(record, default=str), created,
+             len(retries) if isinstance(retries, list) else 0),
         )
 
     def set_artifact(self, build_id: str, case_id: str, name: str, path: str) -> None:
@@ -441,6 +451,13 @@ class ResultStore:
             "FROM results r JOIN cases c ON c.id = r.case_id WHERE r.build_id=? ORDER BY c.title", (build_id,))
         return [StatusRow(case_id=r[0], kind=r[1], family=r[2], name=r[3], dtype=r[4], mode=r[5], title=r[6],
                           status=Status(r[7]), message=r[8], duration=r[9]) for r in rows]
+
+    def infra_retries(self, build_id: str) -> dict[str, list[dict]]:
+        """The harness's retries of a build's cases (node, reason, kind), by case id: what the report names
+        apart from the backend's failures."""
+        return {case_id: json.loads(evidence).get("evidence", {}).get(RETRIES_KEY, []) for case_id, evidence in
+                self.conn.execute("SELECT case_id, evidence FROM results WHERE build_id=? AND infra_retries > 0",
+                                  (build_id,))}
 
     def counts(self, build_id: str) -> dict[str, int]:
         return dict(self.conn.execute(

@@ -83,6 +83,8 @@ class ProgressReporter:
 
     def suite_finish(self, run, summary) -> None:
         self.progress.stop()
+        if summary.retries_line:
+            self.console.print(summary.retries_line, markup=False, soft_wrap=True)
 
 
 class JsonLinesWriter:

@@ -19,6 +19,7 @@ from conformance.case import Case, shard
 from conformance.outcome import FAILING, Status
 from conformance.plugins import Hooks
 from conformance.settings import RunSettings
+from results.store import RETRIES_KEY
 
 from .hookspecs import PREFIXES, SuiteHooks
 from .supervisor import Supervisor
@@ -46,10 +47,28 @@ class SuiteSummary:
     by_dtype: dict[str, dict[str, int]] = field(default_factory=dict)
     by_family: dict[str, dict[str, int]] = field(default_factory=dict)
     seconds: float = 0.0
+    # The harness's own retries (a lost node, a killed worker, a shared memory cap): not the backend's failures.
+    retried: int = 0  # cases run again
+    retry_reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def failures(self) -> int:
         return sum(n for s, n in self.counts.items() if Status(s) in FAILING)
+
+    def add_retries(self, retries: list[dict]) -> None:
+        self.retried += 1
+        for r in retries:
+            reason = r.get("reason", "?") if r.get("kind") != "memory" else "memory cap shared by both sides"
+            self.retry_reasons[reason] = self.retry_reasons.get(reason, 0) + 1
+
+    @property
+    def retries_line(self) -> str:
+        """One line naming the harness's retries apart from the backend's failures ("" when none)."""
+        if not self.retried:
+            return ""
+        reasons = ", ".join(f"{reason} x{n}" for reason, n in sorted(self.retry_reasons.items()))
+        return (f"harness retries: {self.retried} case{'s' if self.retried > 1 else ''} ran again for causes "
+                f"outside the backend ({reasons}); each is recorded once, with the verdict of its own run")
 
     def add(self, case: Case, status: Status) -> None:
         self.counts[status.value] = self.counts.get(status.value, 0) + 1
@@ -107,6 +126,8 @@ def run_suite(
             case = by_id[outcome.case_id]
             summary.ran += 1
             summary.add(case, outcome.status)
+            if outcome.evidence.get(RETRIES_KEY):
+                summary.add_retries(outcome.evidence[RETRIES_KEY])
             hooks.call("case_outcome", run=run, case=case, outcome=outcome)
     summary.seconds = time.perf_counter() - start
     hooks.call("suite_finish", run=run, summary=summary)

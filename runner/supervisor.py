@@ -18,6 +18,18 @@ process per case):
   overruns too, the CPU reference is at fault and the case is a ``skip``
   with the target's outcome as evidence; otherwise that worker writes the
   dead case's reproducer, since the dead one cannot;
+- **sides apart**: a memory overrun whose reference alone fits runs again in
+  a worker given the reference's own share on top of the cap, so the target
+  keeps the whole cap; only an overrun there is charged to the backend;
+- **lost workers are not verdicts**: a worker whose node died, was preempted
+  or became unreachable (the transport says so, ``Death.lost``) takes
+  nothing with it: its case runs again on another worker, up to
+  ``MAX_LOST`` times, then is ``inconclusive``. A worker killed from outside
+  without a fault signal (an OOM killer; ``Death.suspect``) gets its case one
+  more try, on another node where there is one; dying twice is a ``crash``.
+  A fault signal (SIGSEGV, SIGABRT in the worker's fault log) is a crash at
+  once. Every such retry is in the outcome's ``evidence["infra_retries"]``
+  (node, reason), once per case;
 - **warm-up**: a worker reports ready only after loading what its kinds of
   case need, so a case's timeout measures the case.
 
@@ -37,12 +49,15 @@ from typing import Callable, Iterable, Iterator, Mapping
 from conformance.case import Case
 from conformance.outcome import Outcome, Status
 from conformance.settings import RunSettings
+from results.store import RETRIES_KEY  # evidence: [{"node", "reason", "during", "kind"}], the harness's retries
 
 from .transports import Death, Transport, TransportError, make_transport
 from .worker import CRASH_DIR_ENV, RECYCLE_FRACTION
 
 POLL_S = 0.25
 WORKER_START_TIMEOUT_S = 300.0
+MAX_LOST = 3  # times one case may lose its worker to the cluster before it is reported inconclusive
+MAX_START_LOSSES = 20  # workers lost to the cluster while starting, per supervisor, before the run gives up
 # faulthandler's first line, per fatal signal (Python/faulthandler.c).
 FAULT_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
                  "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
@@ -76,6 +91,16 @@ class _Slot:
     outcome: Outcome | None = None  # probe / repro: the outcome being completed
     started: float = 0.0
     served: int = 0
+    dedicated: bool = False  # started for one request (a case run with its sides apart); retired after it
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One worker as a progress display (or a test) sees it: ready or starting, where it runs, its case."""
+
+    ready: bool
+    info: dict  # what the worker reported when ready: pid, host, node (a Ray node id)
+    case: Case | None  # the case it is running, probing or writing a reproducer for
 
 
 def reference_at_fault(outcome: Outcome, how: str) -> Outcome:
@@ -108,16 +133,19 @@ class Supervisor:
         self._slots: list[_Slot] = []
         self._crash_dir = tempfile.mkdtemp(prefix="neuron-validate-faults-")
         self._warmup = settings.warmup  # the kinds workers warm up for; by default, those of the cases given
+        self._retries: dict[int, tuple[Job, list[dict]]] = {}  # by id(job): the harness's retries so far
+        self._start_losses = 0
 
     # ---------------------------------------------------------------- workers
-    def _settings_for(self, job: Job | None) -> RunSettings:
+    def _settings_for(self, job: Job | None, rss_limit_mb: int | None = None) -> RunSettings:
         """A worker's settings: the run's, plus (for a fresh worker) its job's environment and kind."""
         env = {**self.settings.env, **(job.env if job else {}), CRASH_DIR_ENV: self._crash_dir}
         warmup = self._warmup or ((job.case.kind,) if job else ())
-        return replace(self.settings, env=env, warmup=warmup)
+        return replace(self.settings, env=env, warmup=warmup,
+                       rss_limit_mb=self.settings.rss_limit_mb if rss_limit_mb is None else rss_limit_mb)
 
-    def _spawn(self, job: Job | None = None) -> _Slot:
-        slot = _Slot(handle=self.transport.start(self._settings_for(job)), spawned=time.monotonic())
+    def _spawn(self, job: Job | None = None, rss_limit_mb: int | None = None) -> _Slot:
+        slot = _Slot(handle=self.transport.start(self._settings_for(job, rss_limit_mb)), spawned=time.monotonic())
         self._slots.append(slot)
         return slot
 
@@ -150,6 +178,11 @@ class Supervisor:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def workers(self) -> list[WorkerView]:
+        """The workers now, with the case each is busy with."""
+        return [WorkerView(ready=s.ready, info=dict(s.info), case=s.job.case if s.job else None)
+                for s in list(self._slots)]
 
     # ---------------------------------------------------------------- running
     def run(self, cases: Iterable[Case | Job]) -> Iterator[Outcome]:
@@ -187,17 +220,71 @@ class Supervisor:
     def _assign(self, slot: _Slot, job: Job, verb: str, outcome: Outcome | None = None) -> None:
         slot.job, slot.verb, slot.outcome, slot.started = job, verb, outcome, time.monotonic()
         case = job.case.to_dict()
-        slot.handle.send(("run", case) if verb == "run" else ("probe", case) if verb == "probe"
+        slot.handle.send(("run", case) if verb in ("run", "apart") else ("probe", case) if verb == "probe"
                          else ("repro", case, outcome.to_dict()))
 
+    # ---------------------------------------------------------------- retries the harness owes a case
+    def _note_retry(self, job: Job, node: str | None, reason: str, during: str, kind: str) -> list[dict]:
+        """``kind``: lost (the cluster lost the worker), suspect (killed without a fault signal), memory (the
+        sides ran apart)."""
+        entries = self._retries.setdefault(id(job), (job, []))[1]
+        entries.append({"node": node, "reason": reason, "during": during, "kind": kind})
+        return entries
+
+    def _tried_nodes(self, job: Job) -> set[str]:
+        entry = self._retries.get(id(job))
+        return {r["node"] for r in entry[1] if r["node"]} if entry else set()
+
+    def _with_retries(self, job: Job, outcome: Outcome) -> tuple[Job, Outcome]:
+        """The case's one outcome carries every retry the harness made for it."""
+        entry = self._retries.pop(id(job), None)
+        if entry:
+            outcome.evidence[RETRIES_KEY] = entry[1]
+        return job, outcome
+
+    def _take_followup(self, followups: deque, slot: _Slot | None) -> tuple | None:
+        """The first follow-up this worker should take. A case retried after its worker was lost prefers a
+        node it has not run on: it waits for one while a worker elsewhere (or still starting) may take it."""
+        node = slot.info.get("node") if slot is not None else None
+        for item in followups:
+            job, _, verb = item
+            if verb == "apart":
+                continue
+            avoid = self._tried_nodes(job)
+            elsewhere = any(not s.ready or s.info.get("node") not in avoid for s in self._slots if s is not slot)
+            if node is None or node not in avoid or not elsewhere:
+                followups.remove(item)
+                return item
+        return None
+
+    def _start_apart(self, followups: deque) -> None:
+        """A case over the memory cap whose reference alone fits runs again in a worker of its own, with the
+        reference's share on top of the cap (the run's worker count is kept: an idle worker makes room)."""
+        for item in [f for f in followups if f[2] == "apart"]:
+            if len(self._slots) >= self.jobs:
+                idle = next((s for s in self._slots if s.ready and s.job is None and not s.dedicated), None)
+                if idle is None:
+                    return
+                idle.handle.stop()
+                self._retire(idle)
+            followups.remove(item)
+            job, outcome, verb = item
+            slot = self._spawn(job, rss_limit_mb=outcome.evidence["sides_apart"]["rss_limit_mb"])
+            slot.dedicated = True
+            slot.job, slot.verb, slot.outcome = job, verb, outcome  # sent once the worker is ready
+
     def _start_work(self, queue: deque, followups: deque) -> None:
+        self._start_apart(followups)
         if self.fresh:
-            while (queue or followups) and len(self._slots) < self.jobs:
-                if followups:
-                    job, outcome, verb = followups.popleft()
-                else:
+            while (queue or any(f[2] != "apart" for f in followups)) and len(self._slots) < self.jobs:
+                item = self._take_followup(followups, None)
+                if item is not None:
+                    job, outcome, verb = item
+                elif queue:
                     job = self._next_job(queue)
                     verb, outcome = ("repro", job.repro_of) if job.repro_of is not None else ("run", None)
+                else:
+                    break
                 slot = self._spawn(job)
                 slot.job, slot.verb, slot.outcome = job, verb, outcome  # sent once the worker is ready
             return
@@ -207,8 +294,9 @@ class Supervisor:
         for slot in self._slots:
             if not slot.ready or slot.job is not None:
                 continue
-            if followups:
-                job, outcome, verb = followups.popleft()
+            item = self._take_followup(followups, slot) if followups else None
+            if item is not None:
+                job, outcome, verb = item
                 self._assign(slot, job, verb, outcome)
             elif queue:
                 job = self._next_job(queue)
@@ -224,18 +312,20 @@ class Supervisor:
             now = time.monotonic()
             for slot in list(self._slots):
                 for reply in slot.handle.receive():
-                    yield from self._on_reply(slot, reply, followups)
+                    for job, outcome in self._on_reply(slot, reply, followups):
+                        yield self._with_retries(job, outcome)
                     if slot not in self._slots:
                         break
                 if slot in self._slots:
-                    yield from self._on_clock(slot, now, followups)
+                    for job, outcome in self._on_clock(slot, now, followups):
+                        yield self._with_retries(job, outcome)
 
     # ---------------------------------------------------------------- classification
     def _finish(self, slot: _Slot, *, keep: bool = True) -> None:
         """The slot's request is over; a fresh worker, or one that should not be kept, goes."""
         slot.job, slot.verb, slot.outcome = None, None, None
         slot.served += 1
-        if self.fresh or not keep:
+        if self.fresh or slot.dedicated or not keep:
             self._retire(slot)
 
     def _replace(self, slot: _Slot) -> None:
@@ -255,13 +345,15 @@ class Supervisor:
         verb = reply[0]
         if verb == "ready":
             slot.ready, slot.info = True, dict(reply[1] or {})
-            if self.fresh and slot.job is not None:
+            if (self.fresh or slot.dedicated) and slot.job is not None:
                 self._assign(slot, slot.job, slot.verb, slot.outcome)
         elif verb == "fatal":
             raise TransportError(f"worker failed to start: {reply[1]}")
         elif verb == "progress":
             if self.on_progress is not None and slot.job is not None:
                 self.on_progress(slot.job.case, reply[2])
+        elif verb == "done" and slot.verb == "apart":
+            yield from self._apart_done(slot, Outcome.from_dict(reply[1]), followups)
         elif verb == "done":
             job, outcome = slot.job, Outcome.from_dict(reply[1])
             if outcome.evidence.get("memory_cap"):
@@ -278,11 +370,19 @@ class Supervisor:
             yield job, outcome
         elif verb == "probed":
             job, outcome = slot.job, slot.outcome
+            reference_mb = reply[2] if len(reply) > 2 else None
             if reply[1]:  # the reference alone overran the memory cap too
                 self._finish(slot, keep=False)
                 if not self.fresh:
                     self._spawn()
                 yield job, reference_at_fault(outcome, "exceeds the memory cap")
+            elif outcome.evidence.get("memory_cap") and "sides_apart" not in outcome.evidence:
+                # Both sides shared one cap and the reference alone fits: the target gets the cap to itself.
+                share = self.settings.rss_limit_mb if reference_mb is None else int(reference_mb * 1.25) + 64
+                outcome.evidence["sides_apart"] = {"reference_mb": reference_mb,
+                                                   "rss_limit_mb": self.settings.rss_limit_mb + share}
+                self._finish(slot)
+                followups.appendleft((job, outcome, "apart"))
             elif self.settings.artifacts_dir and not outcome.repro:
                 self._assign(slot, job, "repro", outcome)
             else:
@@ -295,6 +395,24 @@ class Supervisor:
                 outcome.evidence["repro_error"] = reply[2]
             self._finish(slot)
             yield job, outcome
+
+    def _apart_done(self, slot: _Slot, outcome: Outcome, followups: deque) -> Iterator[tuple[Job, Outcome]]:
+        """The case ran again with the reference's share on top of the cap (see _start_apart)."""
+        job, first = slot.job, slot.outcome
+        apart = first.evidence["sides_apart"]
+        self._finish(slot)
+        if outcome.evidence.get("memory_cap"):  # the target alone needs more than the cap: the backend's
+            apart["message"] = outcome.message
+            if self.settings.artifacts_dir and not first.repro:
+                followups.append((job, first, "repro"))
+                return
+            yield job, first
+            return
+        self._note_retry(job, None, f"the memory cap of {self.settings.rss_limit_mb} MiB was shared by the "
+                                    "reference and the target; ran again with the reference's share on top",
+                         "run", "memory")
+        outcome.evidence["sides_apart"] = {**apart, "first": first.message}
+        yield job, outcome
 
     def _crash_details(self, slot: _Slot, death: Death) -> tuple[str, dict]:
         """The signal's name and evidence, from the exit status or the worker's fault-handler log."""
@@ -318,14 +436,48 @@ class Supervisor:
         return reason, evidence
 
     def _on_death(self, slot: _Slot, death: Death, followups: deque) -> Iterator[tuple[Job, Outcome]]:
-        if not slot.ready:
-            reason, _ = self._crash_details(slot, death)
-            raise TransportError(f"worker died while starting: {reason}")
         reason, evidence = self._crash_details(slot, death)
+        signalled = reason.startswith("SIG")  # the exit status or the fault log names a fatal signal
+        if not slot.ready:
+            if death.lost and not signalled and self._start_losses < MAX_START_LOSSES:
+                self._start_losses += 1  # a worker lost with its node while starting: start another
+                job, verb, pending = slot.job, slot.verb, slot.outcome
+                self._retire(slot)
+                if job is not None:  # a fresh or dedicated worker's request waits for the next one
+                    followups.appendleft((job, pending, verb))
+                return
+            raise TransportError(f"worker died while starting: {reason}")
         job, verb, pending = slot.job, slot.verb, slot.outcome
+        node = slot.info.get("node")
         elapsed = time.monotonic() - slot.started
         self._replace(slot)
         if job is None:
+            return
+        if death.lost and not signalled:
+            retries = self._note_retry(job, node, death.lost, verb, "lost")
+            lost = sum(1 for r in retries if r["kind"] == "lost")
+            if lost <= MAX_LOST:
+                followups.appendleft((job, pending, verb))
+                return
+            if verb in ("run", "apart"):
+                yield job, Outcome(case_id=job.case.id, status=Status.INCONCLUSIVE,
+                                   message=f"not judged: the cluster lost this case's worker {lost} times "
+                                           f"({', '.join(sorted({r['reason'] for r in retries}))})",
+                                   evidence={**evidence, "infrastructure": True}, duration_s=elapsed)
+            else:  # a probe or reproducer the cluster kept losing: the case's outcome stands without it
+                pending.evidence[f"{verb}_error"] = f"the cluster lost the worker {lost} times"
+                yield job, pending
+            return
+        if death.suspect and not signalled and verb in ("run", "apart"):
+            entry = self._retries.get(id(job))
+            if not entry or not any(r["kind"] == "suspect" for r in entry[1]):
+                self._note_retry(job, node, f"worker killed without a fault signal: {reason}", verb, "suspect")
+                followups.appendleft((job, pending, verb))  # once more, on another node where there is one
+                return
+        if verb == "apart":  # died with the target's cap to itself: the backend's crash (probed already)
+            yield job, Outcome(case_id=job.case.id, status=Status.CRASH, message=f"worker process died: {reason}",
+                               evidence={**evidence, "sides_apart": pending.evidence.get("sides_apart")},
+                               duration_s=elapsed)
             return
         if verb == "run":
             self._failed(job, Outcome(case_id=job.case.id, status=Status.CRASH,
@@ -347,7 +499,11 @@ class Supervisor:
         job, verb, pending = slot.job, slot.verb, slot.outcome
         elapsed = now - slot.started
         self._replace(slot)
-        if verb == "run":
+        if verb == "apart":  # the case's own verdict with the target's cap to itself (probed already)
+            yield job, Outcome(case_id=job.case.id, status=Status.TIMEOUT,
+                               message=f"timed out after {self.settings.timeout_s:g} s; the worker was stopped",
+                               evidence={"timeout_s": self.settings.timeout_s}, duration_s=elapsed)
+        elif verb == "run":
             self._failed(job, Outcome(case_id=job.case.id, status=Status.TIMEOUT,
                                        message=f"timed out after {self.settings.timeout_s:g} s; the worker was stopped",
                                        evidence={"timeout_s": self.settings.timeout_s}, duration_s=elapsed), followups)
@@ -358,4 +514,4 @@ class Supervisor:
             yield job, pending
 
 
-__all__ = ["Job", "Supervisor", "TransportError", "reference_at_fault"]
+__all__ = ["Job", "MAX_LOST", "RETRIES_KEY", "Supervisor", "TransportError", "WorkerView", "reference_at_fault"]

@@ -14,6 +14,7 @@ import multiprocessing as mp
 import os
 import re
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -28,10 +29,21 @@ class TransportError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Death:
-    """The worker's process is gone; ``reason`` reads like "SIGSEGV" or "exit code 3"."""
+    """The worker's process is gone; ``reason`` reads like "SIGSEGV" or "exit code 3".
+
+    ``lost``: set when the transport knows the worker went for a cause outside
+    its case (its node died or was preempted, the actor became unreachable),
+    e.g. "node lost". Such a death is never the case's verdict: the supervisor
+    runs the case again elsewhere. ``suspect``: the transport cannot tell a
+    worker killed from outside (by the node's OOM killer, by Ray's memory
+    monitor) from one the case killed, so the supervisor gives the case a
+    second try on another node before it calls it a crash.
+    """
 
     reason: str
     detail: dict = field(default_factory=dict)
+    lost: str | None = None
+    suspect: bool = False
 
 
 def signal_name(exitcode: int | None) -> str:
@@ -177,14 +189,18 @@ class _RayWorker:
         self.outbox: list = []
 
     def ready(self) -> tuple:
+        import ray
+
         from .worker import Worker
 
         _normal_priority()
         self.worker = Worker(self.settings, self.outbox.append)
         try:
-            return ("ready", self.worker.start())
+            info = self.worker.start()
         except BaseException as exc:  # noqa: BLE001
             return ("fatal", f"{type(exc).__name__}: {exc}")
+        # The node, by Ray's id: host names repeat (every node of a simulated cluster is this machine).
+        return ("ready", {**info, "node": ray.get_runtime_context().get_node_id()})
 
     def handle(self, request) -> list:
         self.outbox.clear()
@@ -206,12 +222,40 @@ def _normal_priority() -> None:
         pass
 
 
-def _ray_death(exc: BaseException) -> Death:
-    """Ray cannot see the exit status of an actor's process: the signal comes from the worker's fault log
-    (the supervisor reads it); Ray's own text lists possible causes, not the cause."""
+def _node_alive(node: str | None) -> bool:
+    """Whether Ray still counts the node alive (True when it cannot be asked: then nothing is assumed)."""
+    if not node:
+        return True
+    import ray
+
+    try:
+        return any(n.get("NodeID") == node and n.get("Alive") for n in ray.nodes())
+    except Exception:  # noqa: BLE001 - the cluster itself may be unreachable for a moment
+        return True
+
+
+def _ray_death(exc: BaseException, node: str | None) -> Death:
+    """Why an actor went, as far as Ray can tell.
+
+    Ray cannot see the exit status of an actor's process: a signal comes from
+    the worker's fault log (the supervisor reads it); Ray's own text lists
+    possible causes, not the cause. What Ray does know is whether the node
+    died or was preempted, or the actor became unreachable; a node removed
+    abruptly may first show as a worker that died, so the node's liveness is
+    asked too.
+    """
+    from ray.exceptions import ActorUnavailableError
+
     text = str(exc)
+    detail = {"ray_error": text[:4000], "node": node}
+    if isinstance(exc, ActorUnavailableError):
+        return Death("actor unreachable", detail, lost="actor unreachable")
+    if getattr(exc, "preempted", False):
+        return Death("node preempted", detail, lost="node preempted")
+    if "its node has died" in text or not _node_alive(node):
+        return Death("node lost", detail, lost="node lost")
     kind = re.search(r"Worker exit type: (\w+)", text)
-    return Death(f"actor died ({kind.group(1)})" if kind else "actor died", {"ray_error": text[:4000]})
+    return Death(f"actor died ({kind.group(1)})" if kind else "actor died", detail, suspect=True)
 
 
 class _RayHandle:
@@ -221,6 +265,7 @@ class _RayHandle:
         self.expect_list = False
         self.gone = False
         self.pending_rss = None
+        self.node: str | None = None  # from the ready reply
 
     def send(self, request) -> None:
         if request is None:
@@ -240,15 +285,23 @@ class _RayHandle:
         ready, _ = ray.wait([self.ref], timeout=0)
         if not ready:
             return []
+        from ray.exceptions import NodeDiedError, ObjectLostError, OwnerDiedError, RaySystemError
+
         ref, self.ref = self.ref, None
         try:
             value = ray.get(ref)
         except (RayActorError, GetTimeoutError) as exc:
             self.gone = True
-            return [_ray_death(exc)]
+            return [_ray_death(exc, self.node)]
+        except (NodeDiedError, ObjectLostError, OwnerDiedError, RaySystemError) as exc:
+            self.gone = True  # the cluster lost the reply or its node: nothing the case did
+            return [Death("cluster unreachable", {"ray_error": str(exc)[:4000], "node": self.node},
+                          lost="cluster unreachable")]
         except Exception as exc:  # noqa: BLE001 - a task error means the worker code itself raised
             self.gone = True
             return [Death(f"actor task failed: {str(exc).strip().splitlines()[-1][:200]}", {"ray_error": str(exc)[:4000]})]
+        if not self.expect_list and isinstance(value, tuple) and value[0] == "ready":
+            self.node = (value[1] or {}).get("node")
         return list(value) if self.expect_list else [value]
 
     def rss_mb(self) -> float:
@@ -272,8 +325,67 @@ class _RayHandle:
         self.kill()
 
 
+LOOPBACK = "127.0.0.1"
+# Ray rewrites a loopback address to the machine's routable one unless this is 0 (read when ray is imported).
+RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _is_loopback(address: str | None) -> bool:
+    if address in (None, "local"):
+        return True
+    host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def loopback_env(address: str | None = None) -> None:
+    """Sets what Ray reads at import (and its raylets and workers inherit) for a local or loopback cluster;
+    where this process imported Ray already, the constant Ray read then is corrected too."""
+    os.environ.setdefault("RAY_worker_niceness", "0")  # see _normal_priority
+    if not _is_loopback(address):
+        return
+    os.environ[RAY_CLUSTER_ENV] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def _check_reachable(address: str | None, timeout_s: float = 10.0) -> None:
+    """Fails at once, in one line, for a ``host:port`` nobody answers at: Ray itself would retry for minutes."""
+    if address in (None, "local", "auto") or "://" in address or ":" not in address:
+        return
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as exc:
+        raise ConnectionError(f"nothing answers at {address} ({exc})") from None
+
+
+def ray_init(address: str | None = None, **kwargs):
+    """The one way this project starts or joins Ray (the runner, tests, benchmarks).
+
+    Without an address it starts a private local instance (``address="local"``)
+    and never joins a cluster it happens to find on the machine. A local
+    instance, or a cluster at a loopback address, binds to 127.0.0.1: no
+    traffic goes to the machine's other interfaces. A remote cluster's address
+    is used as given (the driver then runs on one of its nodes). Returns the
+    ``ray`` module.
+    """
+    loopback_env(address)
+    _check_reachable(address)
+    import ray
+
+    options = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False, **kwargs}
+    if _is_loopback(address):
+        options.setdefault("_node_ip_address", LOOPBACK)
+    ray.init(address=address or "local", **options)
+    return ray
+
+
 class RayTransport:
-    """Workers are Ray actors, on a local instance or a cluster (``address``).
+    """Workers are Ray actors, on a private local instance or a cluster (``address``).
 
     Each actor asks for one CPU, and for one NeuronCore where the cluster has
     them (Ray then sets NEURON_RT_VISIBLE_CORES for the actor's process, so
@@ -290,18 +402,20 @@ class RayTransport:
         self._classes: dict[tuple, Any] = {}
         self.resources: dict[str, Any] = {}
 
-    def _connect(self):
+    def connect(self):
+        """Starts a private local Ray instance, or joins the cluster at ``address``; returns ``ray``."""
+        loopback_env(self.address)
         try:
             import ray
         except ImportError:
             raise TransportError("--executor ray needs Ray: pip install 'neuron-validate[ray]'") from None
         if not ray.is_initialized():
-            os.environ.setdefault("RAY_worker_niceness", "0")  # see _normal_priority
             try:
-                ray.init(address=self.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+                ray_init(self.address)
             except Exception as exc:  # noqa: BLE001 - any failure to reach the cluster is the user's to fix
-                where = f"at {self.address}" if self.address else "locally"
-                raise TransportError(f"cannot start or reach a Ray cluster {where}: {type(exc).__name__}: {exc}") from None
+                where = f"at --address {self.address}" if self.address else "locally"
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                raise TransportError(f"cannot start or reach a Ray cluster {where}: {type(exc).__name__}: {first}") from None
             self._owns_ray = True
         if not self.resources:
             self.resources = {"num_cpus": 1}
@@ -310,7 +424,7 @@ class RayTransport:
         return ray
 
     def start(self, settings: RunSettings) -> _RayHandle:
-        ray = self._connect()
+        ray = self.connect()
         env = tuple(sorted(settings.worker_env().items()))
         if env not in self._classes:
             actor = type("CaseActor", (_RayWorker,), {"rss_mb": ray.method(concurrency_group="monitor")(_RayWorker.rss_mb)})

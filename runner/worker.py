@@ -7,7 +7,8 @@ requests until told to stop. The supervisor (supervisor.py) owns every
 policy; the worker only runs what it is asked and reports:
 
     ("run", case)               -> ("done", outcome)
-    ("probe", case)             -> ("probed", None | "memory: ...")    the reference side alone
+    ("probe", case)             -> ("probed", None | "memory: ...", MiB)  the reference side alone, and
+                                   the memory it took (MiB, None when unknown)
     ("repro", case, outcome)    -> ("repro", path | None, error | None)
     None                        -> the worker exits
 
@@ -208,6 +209,24 @@ def probe(case: Case, ctx: WorkerContext) -> str | None:
     return None
 
 
+def reference_footprint(case: Case, ctx: WorkerContext) -> tuple[str | None, float | None]:
+    """The probe, and how much the reference side alone took above what the worker held before (MiB).
+
+    A case over the memory cap with both sides in one worker is given a worker
+    with this much more, so that the target keeps the whole cap to itself
+    (supervisor.py). The peak comes from the kernel's high-water mark, reset
+    first (Linux ``clear_refs``); None where that cannot be done.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM, the peak resident size
+    except OSError:
+        return probe(case, ctx), None
+    before = _vm_kib("VmRSS")
+    result = probe(case, ctx)
+    return result, max(0.0, (_vm_kib("VmHWM") - before) / 1024)
+
+
 def write_repro(case: Case, outcome: Outcome, ctx: WorkerContext) -> str | None:
     writer = executor_for(case.kind).write_repro
     if writer is None or ctx.artifacts is None:
@@ -291,7 +310,7 @@ class Worker:
                 return_freed_memory(self.settings.rss_limit_mb * RECYCLE_FRACTION)
                 self.send(("done", outcome.to_dict()))
             elif verb == "probe":
-                self.send(("probed", probe(case, self.ctx)))
+                self.send(("probed", *reference_footprint(case, self.ctx)))
             elif verb == "repro":
                 try:
                     path, error = write_repro(case, Outcome.from_dict(request[2]), self.ctx), None

@@ -153,13 +153,13 @@ def test_old_schema_is_refused_until_migrated_explicitly(tmp_path):
         ResultStore.open(tmp_path)
     assert schema_version(tmp_path) == 1
     r = run_cli("neuron-conformance", "migrate", "--results", str(tmp_path))
-    assert r.returncode == 0 and "from schema version 1 to 2" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and f"from schema version 1 to {SCHEMA_VERSION}" in r.stdout, r.stdout + r.stderr
     with ResultStore.open(tmp_path) as store:
         (row,) = store.results("old")
         assert row.outcome.message == "16 / 16 samples match" and row.case.id == op("tanh").id
-        assert store.reruns("old") == {}
+        assert store.reruns("old") == {} and store.infra_retries("old") == {}
     r = run_cli("neuron-conformance", "migrate", "--results", str(tmp_path))
-    assert r.returncode == 0 and "already at schema version 2" in r.stdout
+    assert r.returncode == 0 and f"already at schema version {SCHEMA_VERSION}" in r.stdout
     r = run_cli("neuron-conformance", "migrate", "--results", str(tmp_path / "nowhere"))
     assert r.returncode == 2 and "no results database" in r.stderr and not (tmp_path / "nowhere").exists()
 
@@ -171,6 +171,20 @@ def test_reruns_are_numbered_per_case(tmp_path):
         assert [store.record_rerun("b1", case, Outcome(case_id=case.id, status=s))
                 for s in (Status.MISMATCH, Status.PASS)] == [1, 2]
         assert [r.outcome.status for r in store.reruns("b1")[case.id]] == [Status.MISMATCH, Status.PASS]
+
+
+def test_the_harness_retries_of_a_case_are_recorded_with_its_one_result_and_survive_a_merge(tmp_path):
+    case, other = op("tanh"), op("sin")
+    retries = [{"node": "n1", "reason": "node lost", "during": "run", "kind": "lost"}]
+    with ResultStore.open(tmp_path / "a") as store:
+        store.ensure_build("b1", target="neuron", label="neuron", manifest={})
+        store.record("b1", case, Outcome(case_id=case.id, status=Status.PASS, evidence={"infra_retries": retries}))
+        store.record("b1", other, Outcome(case_id=other.id, status=Status.CRASH, message="worker process died: SIGSEGV"))
+        assert store.infra_retries("b1") == {case.id: retries}
+        with ResultStore.open(tmp_path / "merged") as merged:
+            merged.merge(store)
+            assert merged.infra_retries("b1") == {case.id: retries}
+            assert merged.counts("b1") == {"crash": 1, "pass": 1}
 
 
 def test_merge_of_shards_into_one_build(tmp_path):

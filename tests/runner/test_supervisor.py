@@ -45,6 +45,11 @@ def test_the_memory_cap_is_hard_a_fast_allocation_cannot_overshoot_it(tmp_path):
     # replacement worker wrote the reproducer.
     assert outcome.repro and Path(outcome.repro).is_file(), outcome.evidence
     assert outcome.evidence["memory_cap"] and outcome.evidence["peak_rss_mb"] < 2048, outcome.evidence
+    # Before that, the case ran again with the reference's own share on top of the cap (the sides apart), and
+    # overran there too: only then is it charged to the backend.
+    apart = outcome.evidence["sides_apart"]
+    assert apart["rss_limit_mb"] > 2048 and apart["message"].startswith("exceeded the memory cap of"), apart
+    assert "infra_retries" not in outcome.evidence
 
 
 def test_a_cap_below_the_worker_itself_is_refused_in_one_line(tmp_path):

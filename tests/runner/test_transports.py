@@ -20,6 +20,9 @@ from runner.reporters import StoreWriter
 from runner.suite import run_suite
 from runner.supervisor import Supervisor
 
+from runner.transports import loopback_env, ray_init
+
+loopback_env()  # before Ray is imported: it reads whether it may rewrite 127.0.0.1
 ray = pytest.importorskip("ray")
 
 FAULTS = ";".join(["crash@aten::sort", "abort@aten::cumsum", "hang@aten::topk", "hog@aten::mul,mb=6144",
@@ -55,7 +58,7 @@ def settings(tmp_path, name: str) -> RunSettings:
 def local_ray():
     # A local instance that also advertises NeuronCores, so actors request one each. Four logical CPUs: a
     # replacement actor must not wait for the one it replaces to hand its CPU back (slow on a loaded machine).
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, resources={"neuron_cores": 4})
+    ray_init(num_cpus=4, resources={"neuron_cores": 4})  # private, on 127.0.0.1
     yield
     ray.shutdown()
 
