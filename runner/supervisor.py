@@ -244,14 +244,16 @@ class Supervisor:
 
     def _take_followup(self, followups: deque, slot: _Slot | None) -> tuple | None:
         """The first follow-up this worker should take. A case retried after its worker was lost prefers a
-        node it has not run on: it waits for one while a worker elsewhere (or still starting) may take it."""
+        node it has not run on: it waits while a worker on another node (busy now) may take it. Workers still
+        starting are not waited for: on a cluster short of room they may never start."""
         node = slot.info.get("node") if slot is not None else None
         for item in followups:
             job, _, verb = item
             if verb == "apart":
                 continue
             avoid = self._tried_nodes(job)
-            elsewhere = any(not s.ready or s.info.get("node") not in avoid for s in self._slots if s is not slot)
+            elsewhere = any(s.ready and s.info.get("node") not in avoid
+                            for s in self._slots if s is not slot and not s.dedicated)
             if node is None or node not in avoid or not elsewhere:
                 followups.remove(item)
                 return item
@@ -492,6 +494,11 @@ class Supervisor:
     def _on_clock(self, slot: _Slot, now: float, followups: deque) -> Iterator[tuple[Job, Outcome]]:
         if not slot.ready:
             if now - slot.spawned > WORKER_START_TIMEOUT_S:
+                if slot.job is None and any(s.ready for s in self._slots):
+                    # A cluster that lost nodes may have no room for it: the run goes on with the workers it has
+                    # (another is asked for, in case room comes back).
+                    self._retire(slot)
+                    return
                 raise TransportError(f"worker did not start within {WORKER_START_TIMEOUT_S:.0f} s")
             return
         if slot.job is None or now - slot.started <= self.settings.timeout_s:

@@ -4,8 +4,10 @@ A simulated cluster on 127.0.0.1 (a head with no CPUs, two worker nodes with
 one CPU each, so one actor per node) runs an exact-profile op suite, and a
 worker node is removed while a case is in flight on it, twice. The case in
 flight is not a ``crash``: it runs again on the other node and is recorded
-once, with its real verdict and the retry (node, reason) in the store. A real
-``crash@aten::sort`` in the same run is still a crash.
+once, with its real verdict and the retry (node, reason) in the store. An
+actor killed (SIGKILL, as an OOM killer does) on a node that stays is given
+one more try elsewhere. A real ``crash@aten::sort`` in the same run is still
+a crash.
 
 "In flight" is made certain, not timed: the test stops (SIGSTOP) an idle
 actor, hands the run a case for it, and removes its node once the supervisor
@@ -32,7 +34,7 @@ from tests.conftest import run_cli
 loopback_env()  # before Ray is imported: it reads whether it may rewrite 127.0.0.1
 ray = pytest.importorskip("ray")
 
-OPS = ("tanh", "sin", "cos", "exp", "neg", "abs", "sigmoid", "sort", "floor", "ceil")
+OPS = ("tanh", "sin", "cos", "exp", "neg", "abs", "sigmoid", "sort", "floor", "ceil", "rsqrt", "log")
 
 
 def cases():
@@ -72,7 +74,8 @@ def test_nodes_lost_mid_run_cost_no_verdict(cluster, tmp_path):
     queue = deque([pending.popleft(), pending.popleft()])
     outcomes = []
     stopped = None  # the WorkerView of the actor stopped so that a case is surely in flight on its node
-    removed = []
+    actions = ["remove", "kill", "remove"]
+    removed, killed = [], []
     with ResultStore.open(tmp_path / "runs") as store, \
             Supervisor(settings, jobs=2, transport="ray", address=cluster.address) as supervisor:
         store.ensure_build("b", target="neuron", label="neuron", manifest={})
@@ -81,7 +84,7 @@ def test_nodes_lost_mid_run_cost_no_verdict(cluster, tmp_path):
             outcomes.append(outcome)
             store.record("b", by_id[outcome.case_id], outcome)
             views = supervisor.workers()
-            if stopped is None and len(removed) < 2:
+            if stopped is None and actions:
                 idle = [w for w in views if w.ready and w.case is None and "node" in w.info]
                 if idle:
                     stopped = idle[0]
@@ -89,17 +92,20 @@ def test_nodes_lost_mid_run_cost_no_verdict(cluster, tmp_path):
             elif stopped is not None:
                 now = [w for w in views if w.info.get("pid") == stopped.info["pid"]]
                 if now and now[0].case is not None:  # sent after the stop: it cannot finish
-                    cluster.remove_node(_node(cluster, stopped.info["node"]))
+                    action = actions.pop(0)
+                    if action == "remove":
+                        cluster.remove_node(_node(cluster, stopped.info["node"]))
                     with contextlib.suppress(ProcessLookupError):  # where the node's own shutdown has not
                         os.kill(stopped.info["pid"], signal.SIGKILL)
-                    removed.append((stopped.info["node"], now[0].case.id))
-                    cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+                    (removed if action == "remove" else killed).append((stopped.info["node"], now[0].case.id))
+                    if action == "remove":
+                        cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
                     stopped = None
             while len(queue) < 2 and pending:  # one case for each idle worker, the stopped one included
                 queue.append(pending.popleft())
         retries = store.infra_retries("b")
         stored = {r.case.name: r.outcome for r in store.results("b")}
-    assert len(removed) == 2, "the test did not get to remove two nodes"
+    assert not actions, f"the run ended before the test could {actions}"
     ids = [o.case_id for o in outcomes]
     assert sorted(ids) == sorted(c.id for c in selected), "a case lost or recorded twice"
     expected = {name: Status.PASS for name in OPS} | {"sort": Status.CRASH}
@@ -107,6 +113,8 @@ def test_nodes_lost_mid_run_cost_no_verdict(cluster, tmp_path):
     assert stored["sort"].message == "worker process died: SIGSEGV"
     for node, case_id in removed:  # the case in flight on each lost node ran again, and says where it was lost
         assert any(r["node"] == node and r["kind"] in ("lost", "suspect") for r in retries[case_id]), retries
+    for node, case_id in killed:
+        assert any(r["node"] == node and r["kind"] == "suspect" for r in retries[case_id]), retries
     assert "infra_retries" not in stored["sort"].evidence
 
 
