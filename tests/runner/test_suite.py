@@ -74,3 +74,16 @@ def test_sigkill_halfway_then_resume_equals_uninterrupted_run(tmp_path):
     assert len(expected) == total
     assert got == expected
     assert {"pass", "mismatch", "error"} <= set(got.values())
+
+
+def test_the_summary_names_the_harness_retries_apart_from_the_backend_failures():
+    from runner.suite import SuiteSummary
+
+    summary = SuiteSummary(build_id="b", total=3, ran=3, skipped_resume=0)
+    assert summary.retries_line == ""
+    summary.add_retries([{"node": "n1", "reason": "node lost", "kind": "lost"},
+                         {"node": "n2", "reason": "node lost", "kind": "lost"}])
+    summary.add_retries([{"node": None, "reason": "the memory cap of 4096 MiB was shared ...", "kind": "memory"}])
+    assert summary.retries_line.startswith("harness retries: 2 cases ran again for causes outside the backend "
+                                           "(memory cap shared by both sides x1, node lost x2)"), summary.retries_line
+    assert summary.failures == 0
