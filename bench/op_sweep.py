@@ -83,12 +83,12 @@ def plain_loops(cases, limit: int):
     import emulator
     from op_tests.execute import target_inputs
     from op_tests.samples import generate_samples, sample_parts
-    from op_tests.sources import get_op
+    from op_tests.sources import case_op
 
     emulator.register()
     raw = check = 0.0
     for case in cases[:limit]:
-        op = get_op(f"{case.name}.{case.family}" if case.family else case.name)
+        op = case_op(case)
         backward = case.mode == "backward"
         t0 = time.perf_counter()
         samples = generate_samples(op, case)

@@ -63,6 +63,37 @@ class HostCopies:
                          for op, n in sorted(self.by_op.items()))
 
 
+@dataclass(frozen=True, slots=True)
+class HostExecution:
+    """What ran on the host, from two independent sources: the backend's own tracking (``trace.fallback``,
+    None where it cannot track) and host<->device copies seen inside an op (``copies``). Op and model cases
+    report it the same way, so a cpu_fallback reads alike whichever kind of case found it."""
+
+    trace: object  # conformance.target.OpTrace | None
+    copies: HostCopies
+
+    @property
+    def ops(self) -> list[str]:
+        return sorted({*(self.trace.fallback if self.trace is not None else ()), *self.copies.ops})
+
+    def record(self, evidence: dict) -> None:
+        """Adds the evidence: the ops tracked on the device and on the host, and the copies seen."""
+        if self.trace is not None:
+            evidence["fallback_ops"] = list(self.trace.fallback)
+            evidence["executed_ops"] = list(self.trace.executed)
+        if self.copies:
+            evidence["host_copies"] = dict(self.copies.by_op)
+
+    def fallback_message(self) -> str:
+        """The message of a cpu_fallback outcome: right values, computed on the host."""
+        seen = f" [seen in the profile: {self.copies.describe()}]" if self.copies else ""
+        return f"numerically right, but ran on the host: {', '.join(self.ops[:4])}{seen}"
+
+    def mismatch_note(self) -> str:
+        """Appended to a mismatch's message: the host ops that may have computed the wrong values."""
+        return f" [host fallback: {', '.join(self.ops[:3])}]" if self.ops else ""
+
+
 def _devices(node: dict) -> set[str]:
     """Device types of a trace node's tensor arguments (a tensor is [id, storage, offset, numel, size, device])."""
     found = set()

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from conformance.case import Case
-from conformance.host_copies import watch_host_copies
+from conformance.host_copies import HostExecution, watch_host_copies
 from conformance.outcome import Outcome, Status
 from conformance.target import EAGER_UNDER_COMPILE, ran_eagerly
 from diff.judge import Judge, classify_error, one_line
@@ -122,14 +122,8 @@ def execute_model_case(case: Case, ctx) -> Outcome:
     del built
 
     evidence: dict[str, Any] = {"config": str(config)}
-    trace = tracker.trace
-    if trace is not None:
-        evidence["fallback_ops"] = list(trace.fallback)
-        evidence["executed_ops"] = list(trace.executed)
-    if host:
-        evidence["host_copies"] = dict(host.by_op)
-    # Host execution from two independent sources: the backend's tracking and copies seen inside an op.
-    on_host = sorted({*(trace.fallback if trace is not None else ()), *host.ops})
+    on_host = HostExecution(tracker.trace, host)
+    on_host.record(evidence)
     peak = target.peak_memory()
     if peak is not None:
         evidence["peak_device_memory_bytes"] = peak
@@ -181,14 +175,11 @@ def execute_model_case(case: Case, ctx) -> Outcome:
                                "judged (dtypes, shapes and devices agree)")
     if not verdict:
         evidence["mismatches"] = [m.to_dict() for m in result.mismatches[:10]]
-        message = verdict.message
-        if on_host:
-            message += f" [host fallback: {', '.join(on_host[:3])}]"
-        return Outcome(case_id=case.id, status=Status.MISMATCH, message=message, evidence=evidence, timings=timings)
-    if on_host:
-        seen = f" [seen in the profile: {host.describe()}]" if host else ""
+        return Outcome(case_id=case.id, status=Status.MISMATCH, message=verdict.message + on_host.mismatch_note(),
+                       evidence=evidence, timings=timings)
+    if on_host.ops:
         return Outcome(case_id=case.id, status=Status.CPU_FALLBACK, evidence=evidence, timings=timings,
-                       message=f"numerically right, but ran on the host: {', '.join(on_host[:4])}{seen}")
+                       message=on_host.fallback_message())
     if verdict.within_precision:
         evidence["within_precision"] = verdict.noise.to_dict()
         return Outcome(case_id=case.id, status=Status.PASS, evidence=evidence, timings=timings,

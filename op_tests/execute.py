@@ -24,7 +24,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from conformance.case import Case
-from conformance.host_copies import HostCopies, watch_host_copies
+from conformance.host_copies import HostCopies, HostExecution, watch_host_copies
 from conformance.outcome import Outcome, Status
 from conformance.target import EAGER_UNDER_COMPILE
 from diff.judge import Judge, classify_error
@@ -48,7 +48,7 @@ from .samples import (
     sample_variant,
 )
 from .run import BatchReport, SideResult, fresh_leaves, run_compiled_batch, run_op, target_inputs
-from .sources import get_op, op_db, op_key
+from .sources import case_op, op_db, op_key, sample_seed
 
 MAX_REPORTED_FAILURES = 10
 
@@ -94,7 +94,7 @@ class _Timer:
 
 
 def execute_op_case(case: Case, ctx) -> Outcome:
-    op = get_op(f"{case.name}.{case.family}" if case.family else case.name)
+    op = case_op(case)
     key = op_key(op)
     rule = rule_for(key)
     target = ctx.target  # the reference is the CPU: op samples are made there and run there
@@ -139,7 +139,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     with target.track_ops() as tracker:
         prepared = []  # (index, sample, seed, generated inputs, the target's inputs, reference result)
         for i, sample in enumerate(samples):
-            seed = case.seed * 100_003 + i
+            seed = sample_seed(case, i)
             t0 = time.perf_counter()
             generated = sample_parts(sample)
             parts = fresh_leaves(generated)  # the reference's inputs
@@ -305,7 +305,7 @@ def check_sample(op, case: Case, sample, index: int, target) -> SampleVerdict:
     key = op_key(op)
     rule = rule_for(key)
     backward = case.mode == "backward"
-    seed = case.seed * 100_003 + index
+    seed = sample_seed(case, index)
     generated = sample_parts(sample)
     target_parts = target_inputs(generated, target.device, rule.cpu_arguments)
     ref = run_op(op, rule, sample, fresh_leaves(generated), backward=backward, device="cpu", seed=seed)
@@ -492,12 +492,8 @@ def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *,
     skipped = sorted({v.message for v in verdicts if v.status is Status.SKIP})
     if skipped:
         evidence["skipped_samples"] = skipped[:3]  # why some samples could not be judged
-    if trace is not None:
-        evidence["fallback_ops"] = list(trace.fallback)
-        evidence["executed_ops"] = list(trace.executed)
-    if host:
-        evidence["host_copies"] = dict(host.by_op)
-    on_host = sorted({*(trace.fallback if trace is not None else ()), *host.ops})
+    on_host = HostExecution(trace, host)
+    on_host.record(evidence)
     status = Status.PASS
     message = f"{by_status.get('pass', 0)} / {len(verdicts)} samples match"
     for s in SEVERITY:
@@ -515,29 +511,27 @@ def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *,
             status = Status.SKIP
             reasons = sorted({v.message for v in verdicts})
             message = f"no sample could be judged: {reasons[0]}" if reasons else "no samples"
-        elif on_host:
+        elif on_host.ops:
             status = Status.CPU_FALLBACK
-            message = f"numerically right, but ran on the host: {', '.join(on_host[:4])}"
-            if host:
-                message += f" [seen in the profile: {host.describe()}]"
+            message = on_host.fallback_message()
     if within and status in (Status.PASS, Status.CPU_FALLBACK):
         message += f"; {len(within)} of them {worst_bits.message}"
     if nondeterministic and status in (Status.PASS, Status.CPU_FALLBACK):
         message += (f" ({len(nondeterministic)} compared by metadata only: the CPU reference does not reproduce "
                     "its own result for them)")
-    if status is Status.MISMATCH and on_host:
-        message += f" [host fallback: {', '.join(on_host[:3])}]"
+    if status is Status.MISMATCH:
+        message += on_host.mismatch_note()
     return Outcome(case_id=case.id, status=status, message=message, evidence=evidence, timings=timings,
                    cached_reference=cached)
 
 
 def probe_op_reference(case: Case, ctx) -> None:
     """Runs only the reference side of every sample (after a crash or hang of the whole case)."""
-    op = get_op(f"{case.name}.{case.family}" if case.family else case.name)
+    op = case_op(case)
     rule = rule_for(op_key(op))
     for i, sample in enumerate(generate_samples(op, case)):
         run_op(op, rule, sample, fresh_leaves(sample_parts(sample)), backward=case.mode == "backward",
-                 device="cpu", seed=case.seed * 100_003 + i)
+                 device="cpu", seed=sample_seed(case, i))
 
 
 def write_op_repro(case: Case, outcome: Outcome, ctx) -> str | None:

@@ -32,7 +32,7 @@ import torch
 
 from .samples import generate_samples, sample_parts, sample_variant
 from .rules import rule_for
-from .sources import get_op, op_key
+from .sources import case_op, op_key, sample_seed
 
 JUDGED = (Status.MISMATCH, Status.ERROR, Status.UNSUPPORTED)  # failures seen in the worker, not crashes or hangs
 
@@ -189,7 +189,7 @@ if __name__ == "__main__":
 def write_repro(case: Case, outcome: Outcome, ctx, *, check=None) -> str | None:
     """Writes the reproducer; ``check(op, case, sample, index, target)`` judges a shrunk candidate (None: the
     failing sample is saved as it is)."""
-    op = get_op(f"{case.name}.{case.family}" if case.family else case.name)
+    op = case_op(case)
     samples = generate_samples(op, case)
     budget = int(getattr(ctx.settings, "repro_max_bytes", DEFAULT_MAX_BYTES))
     failing = [f["sample"] for f in outcome.evidence.get("failures", []) if f["sample"] < len(samples)]
@@ -264,5 +264,5 @@ def _shrunk(op, case: Case, sample, index: int, status: Status, ctx, check):
 def _record(sample, index: int, case: Case, keep: tuple[int, ...], shrunk: str) -> dict:
     inp, args, kwargs = sample_parts(sample)
     args = tuple(a if j not in keep or not isinstance(a, torch.Tensor) else _mark_cpu(a) for j, a in enumerate(args))
-    return {"index": index, "seed": case.seed * 100_003 + index, "input": inp, "args": list(args), "kwargs": kwargs,
+    return {"index": index, "seed": sample_seed(case, index), "input": inp, "args": list(args), "kwargs": kwargs,
             "variant": sample_variant(sample), "found_by": sample.name or "", "shrunk": shrunk}

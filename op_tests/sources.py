@@ -60,6 +60,17 @@ def get_op(key: str):
         raise UnknownOpError(_unknown_message(key)) from None
 
 
+def case_op(case: Case):
+    """The OpInfo entry an op case runs: its name, with its OpInfo variant where it has one."""
+    return get_op(f"{case.name}.{case.family}" if case.family else case.name)
+
+
+def sample_seed(case: Case, index: int) -> int:
+    """The seed of a case's sample ``index``: distinct per sample, and the same wherever the sample runs
+    (the case, the reference probe, the shrinker, the reproducer), so each replays the same draws."""
+    return case.seed * 100_003 + index
+
+
 def _unknown_message(pattern: str) -> str:
     import difflib
 

@@ -31,6 +31,38 @@ def junit_classname(case) -> str:
     return ".".join(p for p in (case.kind, case.family if case.kind != "op" else "", case.name) if p)
 
 
+def junit_document(name: str, *, tests: int, failures: int, skipped: int, seconds: float,
+                   properties: tuple[tuple[str, str], ...]) -> tuple[ET.Element, ET.Element]:
+    """The ``testsuites`` root and its one ``testsuite``, with the counts CI viewers show and the run's
+    properties; the suite's and the gate's JUnit files share it, so viewers read both alike."""
+    counts = dict(tests=str(tests), failures=str(failures), errors="0", skipped=str(skipped), time=f"{seconds:.3f}")
+    root = ET.Element("testsuites", name=xml_text(name), **counts)
+    suite = ET.SubElement(root, "testsuite", name=xml_text(name), **counts,
+                          timestamp=datetime.datetime.now().isoformat(timespec="seconds"),
+                          hostname=socket.gethostname())
+    props = ET.SubElement(suite, "properties")
+    for key, value in properties:
+        ET.SubElement(props, "property", name=key, value=xml_text(value))
+    return root, suite
+
+
+def junit_testcase(suite: ET.Element, case, *, name: str, seconds: float) -> ET.Element:
+    return ET.SubElement(suite, "testcase", classname=xml_text(junit_classname(case)), name=xml_text(name),
+                         time=f"{seconds:.3f}")
+
+
+def junit_result(testcase: ET.Element, tag: str, *, message: str, body: str, type: str | None = None) -> None:
+    """A ``failure`` or ``skipped`` element: a one-line message (500 characters at most) and the full body."""
+    attrs = {"type": type} if type else {}
+    ET.SubElement(testcase, tag, **attrs, message=xml_text(message[:500])).text = xml_text(body)
+
+
+def write_junit(root: ET.Element, path: Path) -> None:
+    ET.indent(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
 class OnOutcome:
     """Calls ``fn(case, outcome)`` for each outcome: a reporter written as a function (benchmarks, tests)."""
 
@@ -125,29 +157,18 @@ class JUnitWriter:
         skipped = sum(o.status is Status.SKIP for _, o in self.rows)
         total = sum(o.duration_s for _, o in self.rows)
         name = f"neuron-conformance: {run.build_id} on {run.target_label}"
-        root = ET.Element("testsuites", name=xml_text(name), tests=str(len(self.rows)), failures=str(failures),
-                          errors="0", skipped=str(skipped), time=f"{total:.3f}")
-        suite = ET.SubElement(root, "testsuite", name=xml_text(name), tests=str(len(self.rows)),
-                              failures=str(failures), errors="0", skipped=str(skipped), time=f"{total:.3f}",
-                              timestamp=datetime.datetime.now().isoformat(timespec="seconds"),
-                              hostname=socket.gethostname())
-        props = ET.SubElement(suite, "properties")
-        for key, value in (("build", run.build_id), ("target", run.target_label)):
-            ET.SubElement(props, "property", name=key, value=xml_text(value))
+        root, suite = junit_document(name, tests=len(self.rows), failures=failures, skipped=skipped, seconds=total,
+                                     properties=(("build", run.build_id), ("target", run.target_label)))
         for case, outcome in sorted(self.rows, key=lambda r: r[0].title):
-            tc = ET.SubElement(suite, "testcase", classname=xml_text(junit_classname(case)), name=xml_text(case.title),
-                               time=f"{outcome.duration_s:.3f}")
-            body = xml_text(f"case {case.id}: {outcome.status.value}\n{outcome.message}"
-                            + (f"\nreproducer: python {outcome.repro}" if outcome.repro else ""))
+            tc = junit_testcase(suite, case, name=case.title, seconds=outcome.duration_s)
+            body = (f"case {case.id}: {outcome.status.value}\n{outcome.message}"
+                    + (f"\nreproducer: python {outcome.repro}" if outcome.repro else ""))
             if outcome.status in FAILING:
-                el = ET.SubElement(tc, "failure", type=outcome.status.value,
-                                   message=xml_text(f"{outcome.status.value}: {outcome.message}"[:500]))
-                el.text = body
+                junit_result(tc, "failure", type=outcome.status.value, body=body,
+                             message=f"{outcome.status.value}: {outcome.message}")
             elif outcome.status is Status.SKIP:
-                ET.SubElement(tc, "skipped", message=xml_text(outcome.message[:500])).text = body
-        ET.indent(root)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        ET.ElementTree(root).write(self.path, encoding="utf-8", xml_declaration=True)
+                junit_result(tc, "skipped", message=outcome.message, body=body)
+        write_junit(root, self.path)
 
-
-__all__ = ["JUnitWriter", "JsonLinesWriter", "OnOutcome", "ProgressReporter", "StoreWriter", "junit_classname", "xml_text"]
+__all__ = ["JUnitWriter", "JsonLinesWriter", "OnOutcome", "ProgressReporter", "StoreWriter", "junit_classname",
+           "junit_document", "junit_result", "junit_testcase", "write_junit", "xml_text"]

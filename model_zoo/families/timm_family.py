@@ -14,7 +14,6 @@ live listing at the native input size.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -22,32 +21,19 @@ from ..built import BuiltModel, cast_inputs, finish_model, input_generator, outp
 from ..config import ModelConfig
 from ..errors import ModelBuildError
 from ..registry import ModelEntry, register_family
+from .shipped import load_shipped
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "timm_models.json"
 NUM_CLASSES = 10
 DROP_KWARGS = {"drop_rate": 0.0, "drop_path_rate": 0.0}
 
 
-def _installed_version() -> str | None:
-    try:
-        import importlib.metadata
-
-        return importlib.metadata.version("timm")
-    except Exception:  # noqa: BLE001 - not installed
-        return None
-
-
 def load_catalog() -> dict[str, Any]:
     """The probed catalog for the installed timm, or a live listing (native sizes) when it is stale."""
-    version = _installed_version()
-    if version is None:
-        return {"version": None, "models": {}}
-    try:
-        data = json.loads(DATA.read_text())
-        if data.get("version") == version:
-            return data
-    except FileNotFoundError:
-        pass
+    return load_shipped(DATA, "timm", empty={"version": None, "models": {}}, stale=_live_listing)
+
+
+def _live_listing(version: str) -> dict[str, Any]:
     import timm
 
     return {"version": version, "live": True,

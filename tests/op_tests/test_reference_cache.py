@@ -18,7 +18,7 @@ from conformance.settings import RunSettings
 from runner.reporters import OnOutcome, StoreWriter
 from runner.suite import run_suite
 from op_tests.samples import generate_samples, restore_samples, sample_parts
-from op_tests.sources import OpSelection, get_op, op_cases
+from op_tests.sources import OpSelection, case_op, op_cases
 from results.store import ResultStore
 from tests.conftest import built_once
 
@@ -67,7 +67,7 @@ def test_cached_inputs_are_the_generated_inputs(runs):
         if restored is None:
             continue
         restored_cases += 1
-        generated = generate_samples(get_op(f"{case.name}.{case.family}" if case.family else case.name), case)
+        generated = generate_samples(case_op(case), case)
         assert len(restored) == len(generated)
         for r, g in zip(restored, generated):
             r_leaves, g_leaves = tree_leaves(sample_parts(r)), tree_leaves(sample_parts(g))

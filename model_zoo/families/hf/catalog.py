@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..shipped import load_shipped
+
 DATA = Path(__file__).resolve().parents[2] / "data" / "hf_models.json"
 
 # The order in which a type's primary entry picks its task when it has no base model.
@@ -41,15 +43,6 @@ INPUT_NAMES = ("input_ids", "pixel_values", "pixel_values_videos", "input_featur
                "input_points", "input_boxes", "states", "spectrogram", "feature", "inputs_embeds", "labels",
                "future_values", "past_time_features", "past_observed_mask", "static_categorical_features",
                "pixel_mask", "visual_embeds", "input_embeds", "inputs", "x", "image_grid_thw", "video_grid_thw")
-
-
-def installed_version() -> str | None:
-    try:
-        import importlib.metadata
-
-        return importlib.metadata.version("transformers")
-    except Exception:  # noqa: BLE001 - not installed
-        return None
 
 
 def task_of(mapping_name: str) -> str:
@@ -234,16 +227,8 @@ def _guess_task(class_name: str) -> str:
 
 def load_catalog() -> dict[str, Any]:
     """The shipped catalog for the installed transformers, rebuilt live (slow) when stale."""
-    version = installed_version()
-    if version is None:
-        return {"version": None, "types": {}}
-    try:
-        data = json.loads(DATA.read_text())
-        if data.get("version") == version:
-            return data
-    except FileNotFoundError:
-        pass
-    return build_catalog()
+    return load_shipped(DATA, "transformers", empty={"version": None, "types": {}},
+                        stale=lambda version: build_catalog())
 
 
 def main(argv: list[str] | None = None) -> int:
