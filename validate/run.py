@@ -254,12 +254,14 @@ def _band_sides(options: ValidateOptions, settings: RunSettings, data: dict, pro
 
 def _sides_with_curves(jobs: list[Job], settings: RunSettings, progress, *,
                        steps: int) -> tuple[dict[str, dict], dict[str, str]]:
-    """Each job's side observations by its label, and why each job without a full curve has none (it ran
-    once more first)."""
+    """Each job's side observations by its label, and why each job without a full curve has none (one that
+    died or gave no curve without an error ran once more first; one whose script raised did not: that is
+    its result)."""
     curves: dict[str, dict] = {}
     why: dict[str, str] = {}
+    raised: set[str] = set()
     for attempt in range(2):
-        todo = [j for j in jobs if j.case.mode not in curves]
+        todo = [j for j in jobs if j.case.mode not in curves and j.case.mode not in raised]
         if not todo:
             break
         with Supervisor(settings, jobs=min(len(todo), max(2, os.cpu_count() or 1)), fresh=True,
@@ -276,6 +278,8 @@ def _sides_with_curves(jobs: list[Job], settings: RunSettings, progress, *,
                     curves[label] = side
                     continue
                 error = (side.get("error") or {}).get("message")
+                if error:
+                    raised.add(label)
                 why[label] = (f"it raised: {error}" if error else
                               f"it gave {len(curve['losses'])} of {steps} steps" if curve else "it gave no loss curve")
     return curves, {j.case.mode: why.get(j.case.mode, "no result") for j in jobs if j.case.mode not in curves}

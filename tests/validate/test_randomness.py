@@ -20,16 +20,16 @@ EXACT = ("--emulator-profile", "exact")
 
 
 def test_a_vae_drawing_on_the_device_is_ready_and_takes_the_references_draws(validate):
-    run = validate(example("vae.py"))
+    run = validate(example("vae.py"), "--steps", "10")
     assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
     (curves,) = run.findings("loss-curves", "info")
-    assert curves["data"]["draws_on_device"] == 20 and "took the reference's 20 random draws" in curves["title"]
+    assert curves["data"]["draws_on_device"] == 10 and "took the reference's 10 random draws" in curves["title"]
     assert run.findings("random-stream", "info"), "the device's own stream is judged as a distribution"
     assert run.report["numerics"]["ok"]
 
 
 def test_a_fault_downstream_of_a_draw_is_named_by_layer_and_op(validate):
-    run = validate(example("vae.py"), env={"NEURON_VALIDATE_FAULTS": "perturb@aten::sigmoid,rel=0.02"})
+    run = validate(example("vae.py"), "--steps", "10", env={"NEURON_VALIDATE_FAULTS": "perturb@aten::sigmoid,rel=0.02"})
     assert run.returncode == 1 and run.report["verdict"] == "not ready", run.stdout
     (numerics,) = run.findings("numerics", "error")
     assert numerics["data"]["culprit"] == "dec.3" and numerics["data"]["op"] == "aten::sigmoid"
@@ -38,7 +38,7 @@ def test_a_fault_downstream_of_a_draw_is_named_by_layer_and_op(validate):
 def test_a_device_stream_of_the_wrong_distribution_is_caught_by_the_distribution_check(validate):
     """Doubled noise on the device's own stream: the replayed comparison cannot see it (the target took the
     reference's draws), the distribution check of the device's own stream does."""
-    run = validate(example("vae.py"), env={"NEURON_VALIDATE_FAULTS": "perturb@aten::normal_,rel=1.0"})
+    run = validate(example("vae.py"), "--steps", "10", env={"NEURON_VALIDATE_FAULTS": "perturb@aten::normal_,rel=1.0"})
     assert run.report["verdict"] == "not ready", run.stdout
     assert run.findings("loss-curves", "info") and run.report["numerics"]["ok"]
     wrong = [f for f in run.findings("random-stream", "error") if f["subject"].startswith("draws:")]
@@ -55,11 +55,11 @@ def test_nn_transformers_own_dropout_gives_identical_curves_under_exact(validate
 
 
 def test_a_trainer_loop_counts_optimizer_steps_and_keeps_its_checkpoint_apart(validate):
-    run = validate(example("trainer_loop.py"), *EXACT)
+    run = validate(example("trainer_loop.py"), *EXACT, "--steps", "6")
     assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
     (curves,) = run.findings("loss-curves", "info")
-    assert curves["data"]["steps"] == 12 and curves["data"]["backward_passes"] == 48
-    assert "12 steps of 48 backward passes" in curves["title"]
+    assert curves["data"]["steps"] == 6 and curves["data"]["backward_passes"] == 24
+    assert "6 steps of 24 backward passes" in curves["title"]
     (created,) = run.findings("outputs", "info")
     assert "checkpoint.pt" in created["title"] and not run.findings("outputs", "warning")
     assert not run.findings("wide-dtypes"), "eager code narrows nothing"
@@ -88,7 +88,7 @@ def test_an_unchanged_script_reads_dot_dot_data_and_each_run_keeps_its_report(tm
         device = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else "cpu"
         values = torch.tensor([float(v) for v in open("../data/values.txt").read().split()]).view(8, 8)
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.2), nn.Linear(8, 1)).to(device)
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)).to(device)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         for step in range(5):
             loss = model(values.to(device)).pow(2).mean()
@@ -117,7 +117,7 @@ def test_an_unchanged_script_reads_dot_dot_data_and_each_run_keeps_its_report(tm
 def test_a_random_kernel_that_raises_on_the_device_is_the_targets_failure(validate):
     """The compared training took the reference's draws on the CPU, so the device's random kernels run only
     in the training on its own stream: one that raises there is a finding against the target."""
-    run = validate(example("vae.py"), *EXACT, "--steps", "5", env={"NEURON_VALIDATE_FAULTS": "raise@aten::normal_"})
+    run = validate(example("vae.py"), *EXACT, "--steps", "3", env={"NEURON_VALIDATE_FAULTS": "raise@aten::normal_"})
     assert run.report["verdict"] == "not ready", run.stdout
     (fails,) = [f for f in run.findings("random-stream", "error") if f["subject"] == "fails"]
     assert "injected fault" in fails["title"] and not run.findings("harness")
