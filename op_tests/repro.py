@@ -197,7 +197,7 @@ def write_repro(case: Case, outcome: Outcome, ctx, *, check=None) -> str | None:
     note = ""
     if failing and outcome.status in JUDGED:
         chosen = min(failing, key=lambda i: (_input_bytes(samples[i]), i))
-        saved_sample, shrunk = _shrunk(op, case, samples[chosen], chosen, outcome.status, ctx, check)
+        saved_sample, shrunk = _shrunk(op, case, samples[chosen], chosen, outcome, ctx, check)
         saved = [_record(saved_sample, chosen, case, keep, shrunk)]
         payload = serialize.pack(saved)
         if len(payload) > budget:
@@ -251,13 +251,24 @@ def _input_bytes(sample) -> int:
     return input_bytes(sample)
 
 
-def _shrunk(op, case: Case, sample, index: int, status: Status, ctx, check):
-    """The sample shrunk while it fails with ``status``; the sample as it was when shrinking is off."""
-    from .shrink import shrink
+def _shrunk(op, case: Case, sample, index: int, outcome: Outcome, ctx, check):
+    """The sample shrunk while it fails as the case did: the outcome's status and, where the case named one,
+    its cause (evidence["cause"]); the sample as it was when shrinking is off."""
+    from .causes import ALL_INPUTS, SOME_INPUTS, sample_facts
+    from .shrink import Failure, shrink
 
     if check is None or not getattr(ctx.settings, "shrink", True):
         return sample, ""
-    result = shrink(sample, lambda candidate: check(op, case, candidate, index, ctx.target).status is status)
+    cause = (outcome.evidence.get("cause") or {}).get("key")
+    if cause in (ALL_INPUTS[0], SOME_INPUTS[0]):
+        cause = None  # no fact of the inputs separates the failing samples: there is no cause to keep
+    family = case.config.get("inputs", "")
+
+    def fails_how(candidate) -> Failure:
+        status = check(op, case, candidate, index, ctx.target).status
+        return Failure(status, cause if cause in sample_facts(candidate, family, case.name) else None)
+
+    result = shrink(sample, Failure(outcome.status, cause), fails_how)
     return result.sample, result.describe()
 
 

@@ -3,8 +3,15 @@
 A case that fails on a 2049 x 5 tensor, or on 40 samples of which three
 fail, makes a poor bug report: 45 MB of inputs for one case was seen. So
 the sample that failed with the fewest bytes of input is made smaller while
-it keeps failing the same way (same status, checked by running both sides
-and the judge, exactly as the case did):
+it keeps failing the same way, checked by running both sides and the judge
+exactly as the case did. "The same way" is a :class:`Failure`: the same
+status and, where the case's failures were named after a cause
+(op_tests/causes.py), that cause still present, as hypothesis keeps a
+failure's origin while it shrinks. A smaller input that fails otherwise (an
+error where the case had a mismatch, or a mismatch whose rows no longer
+cross the 128 tile) is another bug, and the shrinker does not slide into it.
+Candidates it rejected are remembered by content, so none is run twice.
+Candidates are cut as follows:
 
 - dimensions are cut, all tensors' dimensions of one length together first
   (a matmul's contracted dimension, a broadcast pair), then one at a time;
@@ -20,6 +27,7 @@ and says what it did ("2049 x 5 -> 129 x 1 in 23 checks").
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -28,6 +36,9 @@ from typing import Callable, Iterator
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from conformance.outcome import Status
+
+from .causes import cause_text
 from .families.layouts import relayout
 from .families.templates import keep_grad, make_sample
 from .samples import sample_parts, sample_variant
@@ -36,19 +47,34 @@ BUDGET_S = 20.0
 MAX_CHECKS = 200
 
 
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """How a sample fails: its status, and the cause its case was named after (a key of op_tests.causes.CAUSES)
+    where the sample has that fact; None where the case names no cause, or the sample lacks it."""
+
+    status: Status
+    cause: str | None = None
+
+    def __str__(self) -> str:
+        return self.status.value + (f", {cause_text(self.cause)}" if self.cause else "")
+
+
 @dataclass(slots=True, kw_only=True)
 class Shrunk:
     sample: object
     before: list[tuple[int, ...]]
     after: list[tuple[int, ...]]
+    failure: Failure | None = None
     checks: int = 0
+    remembered: int = 0  # candidates met again after they were rejected, and not run again
     steps: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         if self.before == self.after:
             return f"not smaller after {self.checks} checks"
         fmt = lambda shapes: ", ".join(" x ".join(map(str, s)) or "0-d" for s in shapes)  # noqa: E731
-        return f"shrunk from {fmt(self.before)} to {fmt(self.after)} in {self.checks} checks"
+        kept = f", failing the same way ({self.failure})" if self.failure is not None else ""
+        return f"shrunk from {fmt(self.before)} to {fmt(self.after)} in {self.checks} checks{kept}"
 
 
 def input_bytes(sample) -> int:
@@ -112,10 +138,12 @@ def _candidates(sample) -> Iterator[tuple[object, str]]:
                     continue
 
 
-def shrink(sample, still_fails: Callable[[object], bool], *, budget_s: float = BUDGET_S,
+def shrink(sample, failure: Failure, fails_how: Callable[[object], Failure], *, budget_s: float = BUDGET_S,
            max_checks: int = MAX_CHECKS) -> Shrunk:
-    """The smallest sample found that still fails; ``still_fails`` runs a candidate on both sides and judges it."""
-    result = Shrunk(sample=sample, before=_shapes(sample), after=_shapes(sample))
+    """The smallest sample found that still fails as ``failure`` says the sample does; ``fails_how`` runs a
+    candidate on both sides, judges it and says how it fails (a passing candidate: status pass)."""
+    result = Shrunk(sample=sample, before=_shapes(sample), after=_shapes(sample), failure=failure)
+    rejected: set[str] = set()
     deadline = time.monotonic() + budget_s
     improved = True
     while improved:
@@ -126,18 +154,49 @@ def shrink(sample, still_fails: Callable[[object], bool], *, budget_s: float = B
                 return result
             if _elements(candidate) >= _elements(result.sample):
                 continue
+            key = _content_key(candidate)
+            if key is not None and key in rejected:
+                result.remembered += 1
+                continue
             result.checks += 1
             try:
-                fails = still_fails(candidate)
+                same = fails_how(candidate) == failure
             except Exception:  # noqa: BLE001 - a candidate the harness cannot even run is no reproducer
-                fails = False
-            if fails:
+                same = False
+            if same:
                 result.sample = candidate
                 result.steps.append(step)
                 improved = True
                 break
+            if key is not None:
+                rejected.add(key)
     result.after = _shapes(result.sample)
     return result
+
+
+def _content_key(sample) -> str | None:
+    """What a candidate is: every leaf's shape, strides, dtype and values (two cuts that reach the same
+    tensors from different samples are one candidate); None for a leaf whose bytes cannot be read (the
+    candidate is then run, not remembered)."""
+    try:
+        return _hash_leaves(sample)
+    except (RuntimeError, TypeError):
+        return None
+
+
+def _hash_leaves(sample) -> str:
+    h = hashlib.sha1()
+    leaves, spec = tree_flatten(sample_parts(sample))
+    h.update(repr(spec).encode())
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
+            t = leaf.detach()
+            h.update(f"{t.dtype}{tuple(t.shape)}{t.stride()}{t.storage_offset() > 0}".encode())
+            flat = t.resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format).reshape(-1)
+            h.update(flat.view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(leaf).encode())
+    return h.hexdigest()
 
 
 def _elements(sample) -> int:

@@ -189,9 +189,14 @@ def test_unchanged_script_works_without_any_import(tmp_path):
 
 
 def test_autoload_can_be_switched_off():
+    """Without autoload nothing renames PrivateUse1, so torch does not know the device name at all (any other
+    failure, an import error say, would name neuron too: the message must be torch's own for that)."""
     result = run_python("import torch; torch.ones(2).to('neuron')", env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert result.returncode != 0
-    assert "neuron" in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: Expected one of ") and last.endswith(
+        "device type at start of device string: neuron"), result.stderr[-2000:]
+    assert "privateuseone" in last, "PrivateUse1 keeps its own name: no backend registered"
 
 
 def test_plain_python_honours_the_profile_variable():

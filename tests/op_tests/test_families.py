@@ -19,12 +19,13 @@ import pytest
 import torch
 
 from conformance.case import Case
+from conformance.outcome import Status
 from op_tests.causes import case_cause, sample_facts
 from op_tests.families import FAMILIES, family_samples
 from op_tests.families.layouts import relayout
 from op_tests.families.sizes import LONG_SIZES, TILE_SIZES
 from op_tests.samples import inputs_fingerprint
-from op_tests.shrink import shrink
+from op_tests.shrink import Failure, _content_key, shrink
 from op_tests.sources import OpSelection, family_cases, get_op
 from tests.conftest import REPO, built_once, run_cli
 
@@ -133,13 +134,32 @@ def test_relayout_keeps_transposition_gaps_expansion_and_offset():
     assert relayout(torch.ones(2, 3), stepped).stride(1) == 2
 
 
-def test_shrinking_finds_the_smallest_length_that_still_crosses_the_tile():
+@pytest.mark.parametrize("small_rows", [Status.MISMATCH, Status.ERROR], ids=["other-cause", "other-status"])
+def test_shrinking_keeps_the_failure_and_its_cause_and_runs_no_candidate_twice(small_rows):
+    """A tile bug (rows over 128 mismatch) hides next to another bug of rows under 8: a mismatch without the
+    tile cause, or an error. Shrinking on "still fails" would slide into the other bug at length 1; kept to
+    the failure and its cause, it stops at the smallest length that still crosses the tile."""
     from op_tests.families.templates import make_sample
 
     sample = make_sample((torch.randn(7, 2049), (), {}), "length 2049 on dim -1")
-    result = shrink(sample, lambda s: s.input.shape[-1] > 128)
+    ran = []
+
+    def fails_how(candidate) -> Failure:
+        ran.append(_content_key(candidate))
+        n = candidate.input.shape[-1]
+        status = Status.MISMATCH if n > 128 else small_rows if n < 8 else Status.PASS
+        return Failure(status, "rows_over_tile" if "rows_over_tile" in sample_facts(candidate) else None)
+
+    failure = fails_how(sample)
+    assert failure == Failure(Status.MISMATCH, "rows_over_tile")
+    result = shrink(sample, failure, fails_how)
     assert tuple(result.sample.input.shape) == (1, 129), result.describe()
     assert "2049" in result.describe() and "129" in result.describe()
+    assert "failing the same way (mismatch, rows longer than 128)" in result.describe()
+    assert fails_how(result.sample) == failure
+    ran.pop()
+    assert len(ran) == len(set(ran)) == result.checks + 1, "a candidate ran twice"
+    assert result.remembered > 0, "a cut of a shrunk sample that equals a rejected candidate is not rerun"
 
 
 def test_cause_is_what_the_failing_samples_share():

@@ -190,14 +190,22 @@ def test_dashboard_renders_in_headless_chromium(site):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium); .ci/run installs it")
-def test_dashboard_screenshot_is_a_page(site):
+def test_dashboard_screenshot_shows_the_styled_page(site):
+    """What Chromium painted, not the size we asked for: the header band across the top, and the matrix's
+    pass and fail cells in their colours (the DOM test found one of each), so the stylesheet applied and the
+    matrix was laid out. The window is tall enough for the whole page."""
     from PIL import Image
 
     shot = site["tmp"] / "shot.png"
-    r = chromium("--window-size=1280,2000", f"--screenshot={shot}", (site["out"] / "index.html").as_uri(),
-                 tmp_path=site["tmp"])
+    r = chromium("--window-size=1280,8000", "--hide-scrollbars", f"--screenshot={shot}",
+                 (site["out"] / "index.html").as_uri(), tmp_path=site["tmp"])
     assert r.returncode == 0 and shot.is_file(), r.stderr[-2000:]
     with Image.open(shot) as im:
-        assert im.size == (1280, 2000)
-        colours = im.convert("RGB").getcolors(maxcolors=1 << 20)
-    assert len(colours) > 50, "a blank or unstyled page"
+        rgb = im.convert("RGB")
+        header = {rgb.getpixel((x, 4)) for x in range(0, rgb.width, 40)}
+        counts = {colour: n for n, colour in rgb.getcolors(maxcolors=1 << 22)}
+    assert header == {(0x23, 0x2F, 0x3E)}, f"the header band is not painted across the top: {header}"
+    cell = 10  # a matrix cell is at least 22 px wide: many pixels of its colour
+    assert counts.get((0x58, 0xB3, 0x68), 0) > cell * cell, "no pass cell painted"
+    assert counts.get((0xD9, 0x53, 0x4F), 0) > cell * cell, "no fail cell painted"
+    assert counts.get((0xF6, 0xF7, 0xF9), 0) > counts.get((0xFF, 0xFF, 0xFF), 0) / 100, "no page background"
