@@ -364,6 +364,8 @@ def check_wide_dtypes(obs: dict, ctx: CheckContext) -> list[Finding]:
     tgt = obs.get("target", {})
     if ctx.mode != "compile" and not tgt.get("script_compiles"):
         return []  # eager code keeps its dtypes: the narrowing happens in compiled graphs only
+    if ctx.device != "neuron":
+        return []  # neuronx-cc's narrowing of 64-bit types; inductor and other compilers keep them
     wide = tgt.get("wide_tensors") or []
     findings = []
     when = "in the compiled graphs" if ctx.mode == "compile" else "when the model is compiled (torch.compile)"
