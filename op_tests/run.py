@@ -212,6 +212,8 @@ def _compile_group(op, rule: OpRule, samples, parts: dict[int, Any], group: list
             outs.append(fn(inp, *args, **kwargs))
         return outs
 
+    if not backward:  # no autograd graph to trace: the compiler gets an inference graph, far cheaper to build
+        tensors = [t.detach() for t in tensors]
     compiled = target.compile(batch, fullgraph=True)
     try:
         raw = compiled(*tensors)
