@@ -11,8 +11,8 @@ steps that used up the allowance. NaN or inf on one side only always fails.
 
 Where perturbed reference runs exist, the band comes from them instead: the
 reference trained again with the ops of the target's precision model
-(diff.precision) perturbed at its unit roundoff (and the random ops it draws
-from its own stream drawn afresh), or, for a target that computes like the
+(diff.precision) perturbed at its unit roundoff, drawing the same random
+numbers (diff.draws), or, for a target that computes like the
 CPU where nothing else checks its numerics, every op's result at float32's
 (:func:`curve_precision`: what another order of a sum changes). Their gap to the reference grows with
 the steps, as the device's own drift does; the band at each step is

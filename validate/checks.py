@@ -72,8 +72,8 @@ def check_target_used(obs: dict, ctx: CheckContext) -> list[Finding]:
         return []
     seen = "no op ran on" if executed is not None else "no memory was allocated on"
     hint = ("move the model and its inputs to the device (model.to(device), batch.to(device)) with device = "
-            f"torch.accelerator.current_accelerator(); drop options that turn the accelerator off (--no-accel, "
-            f"--cpu), or pass --device {{device}} after -- if the script takes one")
+            "torch.accelerator.current_accelerator(); drop options that turn the accelerator off (--no-accel, "
+            "--cpu), or pass --device {device} after -- if the script takes one")
     detail = "everything ran on the CPU, so nothing about the target was tested"
     accelerate = tgt.get("accelerate") or {}
     if accelerate.get("device", "").startswith("cpu"):
