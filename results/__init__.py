@@ -1,1 +1,1 @@
-"""The results store (SQLite: builds, cases, results) and per-build dashboards."""
+"""The results store (SQLite: builds, cases, results, reruns; :mod:`results.store`) and failure groups."""
