@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -181,6 +182,37 @@ def host_executed_ops(nodes: list[dict], *, allowed: int = 0) -> dict[str, int]:
     return found
 
 
+# The head of a node as the execution trace writes it ("id": N, "name": "...", "ctrl_deps": M) and, after a
+# copy's head, the start of its arguments' values.
+_NODE_HEAD = re.compile(r'"id": (\d+), "name": "([^"\\]*(?:\\.[^"\\]*)*)", "ctrl_deps": (\d+)')
+_VALUES = re.compile(r',\s*"inputs":\s*\{\s*"values":\s*')
+
+
+def trace_nodes(text: str) -> list[dict]:
+    """The nodes of an execution trace, as much of each as :func:`host_executed_ops` reads.
+
+    A model's trace holds thousands of nodes with every argument (megabytes); decoding all of it took most
+    of a model case's target side. Only a copy needs its arguments (their devices), so every node is read
+    from its head (id, name, parent) and a copy's argument values are decoded besides. A trace laid out
+    otherwise (a head or a copy this does not recognise) is decoded whole, as before.
+    """
+    heads = list(_NODE_HEAD.finditer(text))
+    if len(heads) != text.count('"ctrl_deps"'):
+        return json.loads(text).get("nodes", [])
+    decoder = json.JSONDecoder()
+    nodes = []
+    for m in heads:
+        name = json.loads(f'"{m.group(2)}"') if "\\" in m.group(2) else m.group(2)
+        node = {"id": int(m.group(1)), "name": name, "ctrl_deps": int(m.group(3))}
+        if name in COPIES:
+            values = _VALUES.match(text, m.end())
+            if values is None:
+                return json.loads(text).get("nodes", [])
+            node["inputs"] = {"values": decoder.raw_decode(text, values.end())[0]}
+        nodes.append(node)
+    return nodes
+
+
 @contextmanager
 def _quiet_native_stderr() -> Iterator[None]:
     """The profiler's native code logs every start and stop to stderr, whatever its log level says; those
@@ -225,6 +257,6 @@ def watch_host_copies(enabled: bool = True, *, allowed: int = 0) -> Iterator[Hos
                 observer.stop()
                 observer.unregister_callback()
         with open(path) as f:
-            copies.by_op = host_executed_ops(json.load(f).get("nodes", []), allowed=allowed)
+            copies.by_op = host_executed_ops(trace_nodes(f.read()), allowed=allowed)
     finally:
         os.unlink(path)

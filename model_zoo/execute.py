@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +33,9 @@ from runner.executors import Executor
 
 
 NOISE_RUNS = 2  # perturbed reference runs of a zoo case whose target has a precision model (cost: bench/model_zoo.py)
+# A model case's cached reference holds its outputs, loss and every gradient (and parameters after K steps):
+# larger than an op's samples, so its entries may be larger too (runner.refcache bounds the file as a whole).
+MAX_CACHED_MODEL_BYTES = 16 << 20
 
 
 def model_case(config) -> Case:
@@ -77,31 +81,44 @@ def run_side(built, config, device, *, prepare=None, dtype=None, in_place: bool 
     return result
 
 
-def execute_model_case(case: Case, ctx) -> Outcome:
+@dataclass(slots=True)
+class TargetRun:
+    """The target side of a case: what it computed (or the error it raised), what ran on the host, the
+    compiled model (None when eager) and the device's peak memory."""
+
+    actual: dict | None
+    error: Exception | None
+    host: HostExecution
+    compiled: Any
+    peak_memory: int | None
+
+
+def build_case(case: Case):
+    """The case's configuration and its model built on the CPU, or a ``skip`` outcome when it cannot be built."""
     from . import ModelBuildError, ModelConfig, build
 
-    config = ModelConfig.from_dict({k: v for k, v in case.config.items()})
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
+    config = ModelConfig.from_dict(dict(case.config))
     try:
-        built = build(config)
+        return config, build(config)
     except ModelBuildError as exc:
-        return Outcome(case_id=case.id, status=Status.SKIP, message=f"cannot be built on the reference: {exc}",
-                       evidence={"error": str(exc)})
-    timings["generation"] = time.perf_counter() - t0
-    target, reference = ctx.target, ctx.reference
+        return config, Outcome(case_id=case.id, status=Status.SKIP, message=f"cannot be built on the reference: {exc}",
+                               evidence={"error": str(exc)})
 
-    # The target trains a copy first; the reference then trains the built model itself. A case so holds
-    # at most three copies of the parameters (built, target's, reference's gradients), not four: large
-    # timm models then fit the 4 GiB worker cap. Reruns (golden, determinism) rebuild the model.
-    compiled: list = []  # the target's compiled model: how many graphs it compiled
+
+def run_target(built, config, target) -> TargetRun:
+    """Trains a copy of the built model on the target, inside the backend's op tracking and the host-copy watch.
+
+    The target goes first; the reference then trains the built model itself. A case so holds at most three
+    copies of the parameters (built, target's, reference's gradients), not four: large timm models then fit
+    the 4 GiB worker cap. Reruns (golden, determinism) rebuild the model.
+    """
+    compiled: list = []
     prepare = None
     if target.compiles or config.execution == "compile":
         def prepare(model):
             compiled.append(target.compile(model))
             return compiled[-1]
     target.peak_memory(reset=True)
-    t0 = time.perf_counter()
     watch = target.device.type != "cpu"  # host<->device copies need a device to copy from
     with target.track_ops() as tracker, watch_host_copies(watch) as host:
         try:
@@ -110,48 +127,78 @@ def execute_model_case(case: Case, ctx) -> Outcome:
             error = None
         except Exception as exc:  # noqa: BLE001
             actual, error = None, exc
-    timings["target"] = time.perf_counter() - t0
+    return TargetRun(actual=actual, error=error, host=HostExecution(tracker.trace, host),
+                     compiled=compiled[0] if compiled else None, peak_memory=target.peak_memory())
 
-    t0 = time.perf_counter()
-    try:
-        expected = run_side(built, config, reference.device, in_place=True)
-    except Exception as exc:  # noqa: BLE001
-        return Outcome(case_id=case.id, status=Status.SKIP, message=f"fails on the reference: {one_line(exc)}",
-                       evidence={"error": traceback.format_exc()}, timings=timings)
-    timings["reference"] = time.perf_counter() - t0
-    del built
 
-    evidence: dict[str, Any] = {"config": str(config)}
-    on_host = HostExecution(tracker.trace, host)
-    on_host.record(evidence)
-    peak = target.peak_memory()
-    if peak is not None:
-        evidence["peak_device_memory_bytes"] = peak
-    if error is not None:
-        evidence["error"] = traceback.format_exception_only(type(error), error)[-1].strip()
-        return Outcome(case_id=case.id, status=classify_error(error), message=one_line(error), evidence=evidence,
-                       timings=timings)
-    if compiled:
-        evidence["compiled_graphs"] = compiled[0].graphs
-        if ran_eagerly(compiled[0]):  # never a pass: the compiler was not tested
-            return Outcome(case_id=case.id, status=Status.ERROR, message=f"harness error: {EAGER_UNDER_COMPILE}",
-                           evidence={**evidence, "harness_error": True}, timings=timings)
+def fingerprint(built) -> str:
+    """A hash of the built model's parameters and buffers and of its first batch: a cached reference is reused
+    only for the very same weights and inputs (a zoo builder or a model library that changed makes others)."""
+    import hashlib
 
-    t0 = time.perf_counter()
+    from torch.utils._pytree import tree_leaves
+
+    h = hashlib.blake2b(digest_size=16)
+    named = [*built.model.state_dict().items(), *enumerate(tree_leaves(built.inputs))]
+    for name, value in named:
+        h.update(str(name).encode())
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            if t.numel():
+                h.update(t.reshape(-1).view(torch.uint8).numpy())
+        else:
+            h.update(repr(value).encode())
+    return h.hexdigest()
+
+
+def run_reference(case: Case, built, config, ctx) -> tuple[dict, bool]:
+    """The reference side's result and whether it came from the reference cache (runner.refcache).
+
+    The CPU reference does not change when the backend build does: an entry keyed by the case id (config and
+    seed), torch version and the reference's threads, whose weights and inputs have the same fingerprint, is
+    reused; otherwise the reference trains the built model itself and the result is stored within the cache's
+    size bounds.
+    """
+    cache = ctx.cache
+    if cache is not None and sum(p.numel() * p.element_size() for p in built.model.parameters()) \
+            > MAX_CACHED_MODEL_BYTES:
+        cache = None  # its gradients alone are over the entry bound: neither hashed nor stored
+    key = fingerprint(built) if cache is not None else ""
+    entry = cache.get(case.id) if cache is not None else None
+    if isinstance(entry, dict) and entry.get("fingerprint") == key and isinstance(entry.get("expected"), dict):
+        return entry["expected"], True
+    expected = run_side(built, config, ctx.reference.device, in_place=True)
+    if cache is not None:
+        cache.put(case.id, {"fingerprint": key, "expected": expected}, max_entry_bytes=MAX_CACHED_MODEL_BYTES)
+    return expected, False
+
+
+def judge_case(case: Case, config, actual: dict, expected: dict, target, reference):
+    """The one judge on both sides' results; reruns (golden, determinism, noise floor, op replay) rebuild the model."""
+    from . import build
+
     precision = model_for(target)
+
+    def again(device=reference.device, dtype=None):
+        return run_side(build(config), config, device, dtype=dtype, in_place=True)
+
     judge = Judge(tolerance=TolerancePolicy().for_dtype(config.arch, scope="model"), device=target.device.type,
                   precision=precision)
     verdict = judge(
         actual, expected, path="model",
-        golden=lambda: run_side(build(config), config, "cpu", dtype=torch.float64, in_place=True),
-        reference_again=lambda: run_side(build(config), config, reference.device, in_place=True),
-        noise=lambda: perturbed_runs(lambda: run_side(build(config), config, reference.device, in_place=True),
-                                     precision, runs=NOISE_RUNS, seed=case.seed),
-        by_op=lambda: replay_ops(lambda: run_side(build(config), config, reference.device, in_place=True),
-                                 device=target.device, precision=precision,
+        golden=lambda: again("cpu", torch.float64),
+        reference_again=again,
+        noise=lambda: perturbed_runs(again, precision, runs=NOISE_RUNS, seed=case.seed),
+        by_op=lambda: replay_ops(again, device=target.device, precision=precision,
                                  judge_for=lambda op: Judge(tolerance=TolerancePolicy().for_dtype(op),
                                                             device=target.device.type, precision=precision)))
-    timings["comparison"] = time.perf_counter() - t0
+    return verdict, precision
+
+
+def verdict_outcome(case: Case, verdict, precision, side: TargetRun, expected: dict, evidence: dict,
+                    timings: dict) -> Outcome:
+    """The case's outcome from the judge's verdict and what ran on the host."""
     if verdict.golden_error:
         evidence["golden_error"] = verdict.golden_error
     result = verdict.comparison
@@ -159,33 +206,76 @@ def execute_model_case(case: Case, ctx) -> Outcome:
     evidence["compared"] = result.leaves
     if isinstance(expected.get("loss"), list):
         evidence["losses"] = {"reference": [float(x) for x in expected["loss"]],
-                              "target": [float(x) for x in actual["loss"]]}
+                              "target": [float(x) for x in side.actual["loss"]]}
     if precision:
         evidence["precision_model"] = precision.to_dict()
     if verdict.noise is not None:
         evidence["noise_floor"] = verdict.noise.to_dict()
     if verdict.replay is not None:
         evidence["op_replay"] = verdict.replay.to_dict()
+
+    def outcome(status: Status, message: str) -> Outcome:
+        return Outcome(case_id=case.id, status=status, message=message, evidence=evidence, timings=timings)
+
     if verdict.status is Status.INCONCLUSIVE and not verdict.nondeterministic:
-        return Outcome(case_id=case.id, status=Status.INCONCLUSIVE, timings=timings, evidence=evidence,
-                       message=verdict.message)
+        return outcome(Status.INCONCLUSIVE, verdict.message)
     if verdict.status is Status.INCONCLUSIVE:
-        return Outcome(case_id=case.id, status=Status.INCONCLUSIVE, timings=timings, evidence=evidence,
-                       message="the reference is non-deterministic: two CPU runs differ, so the values cannot be "
-                               "judged (dtypes, shapes and devices agree)")
+        return outcome(Status.INCONCLUSIVE, "the reference is non-deterministic: two CPU runs differ, so the values "
+                                            "cannot be judged (dtypes, shapes and devices agree)")
     if not verdict:
         evidence["mismatches"] = [m.to_dict() for m in result.mismatches[:10]]
-        return Outcome(case_id=case.id, status=Status.MISMATCH, message=verdict.message + on_host.mismatch_note(),
-                       evidence=evidence, timings=timings)
-    if on_host.ops:
-        return Outcome(case_id=case.id, status=Status.CPU_FALLBACK, evidence=evidence, timings=timings,
-                       message=on_host.fallback_message())
+        return outcome(Status.MISMATCH, verdict.message + side.host.mismatch_note())
+    if side.host.ops:
+        return outcome(Status.CPU_FALLBACK, side.host.fallback_message())
     if verdict.within_precision:
         evidence["within_precision"] = verdict.noise.to_dict()
-        return Outcome(case_id=case.id, status=Status.PASS, evidence=evidence, timings=timings,
-                       message=f"all {result.leaves} compared tensors agree, {verdict.message}")
-    return Outcome(case_id=case.id, status=Status.PASS, message=f"all {result.leaves} compared tensors match",
-                   evidence=evidence, timings=timings)
+        return outcome(Status.PASS, f"all {result.leaves} compared tensors agree, {verdict.message}")
+    return outcome(Status.PASS, f"all {result.leaves} compared tensors match")
+
+
+def execute_model_case(case: Case, ctx) -> Outcome:
+    """Builds the configuration, runs the target, then the reference (or takes it from the cache), and judges."""
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    config, built = build_case(case)
+    if isinstance(built, Outcome):
+        return built
+    timings["generation"] = time.perf_counter() - t0
+    target, reference = ctx.target, ctx.reference
+
+    t0 = time.perf_counter()
+    side = run_target(built, config, target)
+    timings["target"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    try:
+        expected, cached = run_reference(case, built, config, ctx)
+    except Exception as exc:  # noqa: BLE001
+        return Outcome(case_id=case.id, status=Status.SKIP, message=f"fails on the reference: {one_line(exc)}",
+                       evidence={"error": traceback.format_exc()}, timings=timings)
+    timings["reference"] = time.perf_counter() - t0
+    del built
+
+    evidence: dict[str, Any] = {"config": str(config)}
+    side.host.record(evidence)
+    if side.peak_memory is not None:
+        evidence["peak_device_memory_bytes"] = side.peak_memory
+    if side.error is not None:
+        evidence["error"] = traceback.format_exception_only(type(side.error), side.error)[-1].strip()
+        return Outcome(case_id=case.id, status=classify_error(side.error), message=one_line(side.error),
+                       evidence=evidence, timings=timings, cached_reference=cached)
+    if side.compiled is not None:
+        evidence["compiled_graphs"] = side.compiled.graphs
+        if ran_eagerly(side.compiled):  # never a pass: the compiler was not tested
+            return Outcome(case_id=case.id, status=Status.ERROR, message=f"harness error: {EAGER_UNDER_COMPILE}",
+                           evidence={**evidence, "harness_error": True}, timings=timings, cached_reference=cached)
+
+    t0 = time.perf_counter()
+    verdict, precision = judge_case(case, config, side.actual, expected, target, reference)
+    timings["comparison"] = time.perf_counter() - t0
+    outcome = verdict_outcome(case, verdict, precision, side, expected, evidence, timings)
+    outcome.cached_reference = cached
+    return outcome
 
 
 def probe_model_reference(case: Case, ctx) -> None:

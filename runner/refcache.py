@@ -2,7 +2,10 @@
 
 The reference (CPU, plus its float64 golden) does not change between backend
 builds, so a second build's run executes only the target side; an entry may
-also hold the case's inputs, so that run does not generate them again. Entries are
+also hold the case's inputs, so that run does not generate them again. Op
+cases (op_tests/execute.py) and model cases (model_zoo/execute.py: a
+configuration's outputs, loss and gradients, with a fingerprint of its
+weights and inputs) share it; a case id holds the config and its seed. Entries are
 nested Python values of tensors, numbers, strings, lists, tuples and dicts,
 stored with ``torch.save`` and read back with ``weights_only=True`` (never
 unpickling arbitrary objects). Worker processes share one SQLite file.
@@ -88,15 +91,16 @@ class ReferenceCache:
         except Exception:  # noqa: BLE001 - a damaged entry is recomputed, not trusted
             return None
 
-    def put(self, case_id: str, value: Any) -> bool:
-        """Stores an entry; False when it is not stored (unserializable, too large, or the cache is full)."""
-        if _tensor_bytes(value) > MAX_ENTRY_BYTES or self._size() > self.max_bytes:
+    def put(self, case_id: str, value: Any, *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> bool:
+        """Stores an entry; False when it is not stored (unserializable, larger than ``max_entry_bytes``, or the
+        cache is full). A kind of case whose entries are larger (a model's gradients) passes its own bound."""
+        if _tensor_bytes(value) > max_entry_bytes or self._size() > self.max_bytes:
             return False  # decided before packing: serialising a large entry only to drop it costs as much as a run
         try:
             payload = pack(value)
         except Unserializable:
             return False
-        if len(payload) > MAX_ENTRY_BYTES:
+        if len(payload) > max_entry_bytes:
             return False
         for attempt in range(5):
             try:

@@ -22,7 +22,9 @@ def _run(tmp_path, build, faults=""):
 
     cases = [model_case(default_config(arch, mode="train")) for arch in ARCHS]
     env = {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact", "NEURON_VALIDATE_FAULTS": faults}
-    settings = RunSettings(target="neuron", timeout_s=600, artifacts_dir=str(tmp_path / "artifacts"), env=env)
+    # Both builds share one reference cache: the faulty build's reference comes from the clean build's run.
+    settings = RunSettings(target="neuron", timeout_s=600, artifacts_dir=str(tmp_path / "artifacts"), env=env,
+                           reference_cache=str(tmp_path / "reference_cache.sqlite"))
     with ResultStore.open(tmp_path) as store:
         run_suite(cases, settings=settings, plugins=[StoreWriter(store)], build_id=build, manifest={}, target_label="neuron", jobs=2)
         return {row.case.name: row.outcome for row in store.results(build)}
@@ -63,6 +65,10 @@ def test_faults_are_found_exactly_where_the_ops_are_used(runs):
     # the selection covers all three situations
     kinds = {faulty[a].status for a in ARCHS}
     assert kinds == {Status.MISMATCH, Status.CPU_FALLBACK, Status.PASS}
+    # ... the transformers judged against the reference the clean build ran and cached (keyed by config, seed,
+    # torch and threads); the ResNet's gradients are over the cache's bound for one entry and run again
+    assert not any(clean[a].cached_reference for a in ARCHS)
+    assert [a for a in ARCHS if faulty[a].cached_reference] == ["hf/bert", "hf/gpt2:causal_lm"]
 
 
 def test_one_worker_compiles_every_configuration_of_one_model_class(tmp_path):
