@@ -87,6 +87,7 @@ def cmd_merge(args) -> int:
             raise UsageError(f"{s}: is the destination itself")
     total = 0
     with ResultStore.open(into) as target:
+        _check_one_build_each(target, sources, args.build)
         for s in sources:
             with ResultStore.open(s, create=False) as source:
                 n = target.merge(source, build_id=args.build)
@@ -95,6 +96,27 @@ def cmd_merge(args) -> int:
         builds = [b.id for b in target.builds()]
     print(f"{total} results merged into {db_path(into)}; builds: {', '.join(builds)}")
     return EXIT_OK
+
+
+def _check_one_build_each(target, sources: list[Path], only: str | None) -> None:
+    """Refuses, before anything is copied, to merge results that carry one build id but are not one build
+    (another target or backend version, other faults, another selection of cases)."""
+    from results.store import ResultStore, db_path
+    from runner.suite import same_build
+
+    seen = {b.id: (db_path(target.folder), b.manifest) for b in target.builds() if not only or b.id == only}
+    for s in sources:
+        with ResultStore.open(s, create=False) as source:
+            for b in source.builds():
+                if only and b.id != only:
+                    continue
+                if b.id not in seen:
+                    seen[b.id] = (db_path(s), b.manifest)
+                    continue
+                problem = same_build(seen[b.id][1], b.manifest)
+                if problem:
+                    raise UsageError(f"{s}: build {b.id} is not the build {b.id} of {seen[b.id][0]} ({problem}); "
+                                     "nothing was merged")
 
 
 # ---------------------------------------------------------------- migrate

@@ -1,7 +1,7 @@
 """``neuron-conformance models``: the model zoo on reference and target.
 
     neuron-conformance models --list [--family F] [--filter GLOB]
-    neuron-conformance models --target neuron [--family F] [--filter GLOB] [--exclude GLOB]
+    neuron-conformance models --target neuron [--family F] [--filter GLOB] [--exclude GLOB] [--where AXIS=V,...]
                               [--sample N --seed S | --base] [--build ID] [-j N] [--shard i/N] [--resume]
 
 Without ``--sample`` every enumerated configuration of the selection runs;
@@ -9,6 +9,12 @@ with it, a deterministic stratified subset in which every buildable
 architecture appears at least once; with ``--base``, one base configuration
 (float32, train forward+backward, eager) of every selected entry, whether the
 survey built it or not, which is how per-family pass rates are measured.
+``--where`` keeps only some values of an axis (``--where execution=eager
+--where dtype=float32,bfloat16``). A nightly of N configurations runs as
+``--sample N --seed S --build ID --shard i/K`` on K drivers (every driver
+selects the same N and runs its share; ``merge`` joins them), or as one
+driver with ``--executor ray --address HOST:PORT``; ``--resume`` picks up a
+build after its driver died (docs/scale_out.md).
 """
 
 from __future__ import annotations
@@ -43,6 +49,17 @@ def _print_counts(counts: dict) -> None:
     console.print(axes)
 
 
+def _where(items: list[str]) -> dict | None:
+    """``["execution=eager", "dtype=float32,bfloat16"]`` -> {"execution": ["eager"], "dtype": [...]} (numbers as ints)."""
+    where: dict[str, list] = {}
+    for item in items or ():
+        axis, sep, values = item.partition("=")
+        if not sep or not axis.strip() or not _split(values):
+            raise UsageError(f"--where {item!r}: expected AXIS=VALUE[,VALUE...], e.g. execution=eager")
+        where.setdefault(axis.strip(), []).extend(int(v) if v.isdigit() else v for v in _split(values))
+    return where or None
+
+
 def cmd_models(args) -> int:
     apply_environment(args)
     import model_zoo
@@ -51,6 +68,7 @@ def cmd_models(args) -> int:
     families = _split(args.family) or None
     patterns = _split(args.filter) or None
     exclude = _split(args.exclude) or None
+    where = _where(args.where)
     try:
         if families:
             known = set(model_zoo.registry.families())
@@ -62,19 +80,22 @@ def cmd_models(args) -> int:
                 if not model_zoo.list_models([p]):
                     model_zoo.get_entry(p)  # raises with the closest names
         if args.list:
-            _print_counts(model_zoo.count_configs(families, patterns, exclude=exclude))
+            _print_counts(model_zoo.count_configs(families, patterns, exclude=exclude, where=where))
             return EXIT_OK
         if args.base and args.sample is not None:
             raise UsageError("--base and --sample are exclusive: --base runs one base config per architecture")
+        if args.base and where:
+            raise UsageError("--base and --where are exclusive: --base runs the one base config of each architecture")
         if args.base:
             configs = model_zoo.base_configs(families, patterns, exclude=exclude)
         elif args.sample is not None:
             if args.sample < 1:
                 raise UsageError(f"--sample {args.sample}: must be at least 1")
-            configs = model_zoo.sample_configs(args.sample, args.seed, families, patterns, exclude=exclude)
+            configs = model_zoo.sample_configs(args.sample, args.seed, families, patterns, exclude=exclude,
+                                               where=where)
         else:
-            configs = list(model_zoo.enumerate_configs(families, patterns, exclude=exclude))
-    except model_zoo.ModelZooError as exc:
+            configs = list(model_zoo.enumerate_configs(families, patterns, exclude=exclude, where=where))
+    except (model_zoo.ModelZooError, ValueError) as exc:  # ValueError: an unknown axis in --where
         raise UsageError(str(exc)) from None
     cases = [model_case(c) for c in configs]
     if not cases:
@@ -88,6 +109,8 @@ def register(sub) -> None:
     p.add_argument("--family", default="", help="comma-separated families (timm, hf, diffusion, ...)")
     p.add_argument("--filter", default="", help="comma-separated globs over architecture names, e.g. 'timm/resnet*'")
     p.add_argument("--exclude", default="", help="comma-separated globs to leave out")
+    p.add_argument("--where", action="append", default=[], metavar="AXIS=V,...",
+                   help="keep only these values of an axis (dtype, batch, size, mode, execution, attn, knobs); repeatable")
     p.add_argument("--sample", type=int, default=None, help="a stratified subset of N configurations")
     p.add_argument("--seed", type=int, default=0, help="seed of --sample")
     p.add_argument("--base", action="store_true",

@@ -16,6 +16,7 @@ from pathlib import Path
 from .common import EXIT_FINDINGS, EXIT_OK, UsageError, add_target_options, resolve_targets
 
 DEFAULT_RESULTS = "runs"
+SELECTION_KEY = "selection"  # the build manifest's record of the cases selected (see selection())
 
 
 def add_suite_options(p: argparse.ArgumentParser) -> None:
@@ -78,7 +79,10 @@ def run_cases(args, cases, *, kind_label: str, timeout: float, group: str = "dty
     settings = _settings(args, timeout=timeout, build=build, warmup=warmup)
     manifest = target.manifest()
     manifest["reference"] = reference.manifest()
+    manifest[SELECTION_KEY] = selection(kind_label, cases)
     with ResultStore.open(args.results) as store:
+        if args.resume:
+            check_same_selection(store, build, manifest)
         console.print(f"[bold]{kind_label}[/] on [bold]{target.describe()}[/] against {reference.describe()}; "
                       f"build [bold]{build}[/], {len(cases)} cases, results in {store.path}")
         plugins: list[object] = [StoreWriter(store), ProgressReporter(kind_label, console)]
@@ -99,8 +103,34 @@ def run_cases(args, cases, *, kind_label: str, timeout: float, group: str = "dty
     console.print(summary_table(f"{kind_label}: {target.describe()} (build {build})", summary.counts, groups, group))
     for line in failure_lines:
         console.print(line, markup=False, soft_wrap=True)
-    console.print(f"{summary.ran} cases ran in {summary.seconds:.1f} s; target: {target.describe()}")
+    console.print(f"{summary.ran} cases ran in {summary.seconds:.1f} s{summary.overhead_note(args.jobs)}; "
+                  f"target: {target.describe()}")
     return EXIT_FINDINGS if summary.failures else EXIT_OK
+
+
+def selection(kind_label: str, cases) -> dict:
+    """What a run selected, before sharding: every shard and every resumed run of one build selects the same
+    cases, so merge and --resume can tell shards of one build from another build's, and the dashboard can say
+    how much of the selection the build holds."""
+    from runner.suite import selection_digest
+
+    kinds = sorted({c.kind for c in cases})
+    return {"command": kind_label, "kind": kinds[0] if len(kinds) == 1 else None, "cases": len(cases),
+            "digest": selection_digest(c.id for c in cases)}
+
+
+def check_same_selection(store, build: str, manifest: dict) -> None:
+    """--resume into a build started with other cases or another target would mix two runs in one build."""
+    from results.store import StoreError
+    from runner.suite import same_build
+
+    try:
+        stored = store.build(build)
+    except StoreError:
+        return  # nothing stored yet: a first run
+    problem = same_build(stored.manifest, manifest)
+    if problem:
+        raise UsageError(f"--resume --build {build}: this run is not the stored build's ({problem})")
 
 
 MAX_GROUPS_SHOWN = 20

@@ -183,6 +183,36 @@ def verdicts_by_family(rows: Iterable) -> dict[str, dict[str, int]]:
     return dict(sorted(out.items(), key=lambda kv: (kv[0] != "ops", kv[0])))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completeness:
+    """How much of the run's selection a build holds: a nightly sharded over drivers and merged, or resumed
+    after its driver died, is covered whole only when every selected case has a result."""
+
+    kind: str
+    stored: int
+    selected: int
+
+    @property
+    def missing(self) -> int:
+        return max(0, self.selected - self.stored)
+
+    def __str__(self) -> str:
+        if not self.missing:
+            return f"all {self.selected:,} selected {self.kind} cases"
+        return (f"{self.stored:,} of {self.selected:,} selected {self.kind} cases: {self.missing:,} missing "
+                "(a shard not merged, or a run not finished: --resume completes it)")
+
+
+def completeness(rows: Iterable, manifest: dict | None) -> Completeness | None:
+    """The build's results of the kind its run selected against the size of that selection (recorded in the
+    build's manifest by the suite commands); None for a build that did not record one."""
+    selection = (manifest or {}).get("selection") or {}
+    kind, selected = selection.get("kind"), selection.get("cases")
+    if not kind or not isinstance(selected, int):
+        return None
+    return Completeness(kind=kind, stored=sum(1 for r in rows if r.kind == kind), selected=selected)
+
+
 @dataclass(slots=True, kw_only=True)
 class Headline:
     ops: Rate
@@ -190,13 +220,14 @@ class Headline:
     families: list[FamilyCoverage]
     counts: dict[str, int]
     verdicts: dict[str, dict[str, int]] = field(default_factory=dict)  # family -> verdict -> cases
+    completeness: Completeness | None = None
 
     @property
     def total(self) -> int:
         return sum(self.counts.values())
 
 
-def headline(rows: list) -> Headline:
+def headline(rows: list, manifest: dict | None = None) -> Headline:
     ops = [r for r in rows if r.kind == "op"]
     judged = [r for r in ops if r.status is not Status.SKIP]
     return Headline(
@@ -205,4 +236,5 @@ def headline(rows: list) -> Headline:
         families=model_families(rows),
         counts=dict(Counter(r.status.value for r in rows)),
         verdicts=verdicts_by_family(rows),
+        completeness=completeness(rows, manifest),
     )

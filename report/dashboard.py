@@ -320,7 +320,7 @@ def collect(store, *, build: str, baseline: str | None, out: Path) -> Page:
         flaky_from_reruns(comparison, store.reruns(build))
     trend = [TrendRow(build=b, headline=headline(store.statuses(b.id)) if b.id != build else None, current=b.id == build)
              for b in store.builds()]
-    current = headline(rows)
+    current = headline(rows, info.manifest)
     for t in trend:
         if t.current:
             t.headline = current

@@ -2,7 +2,8 @@
 
 - :class:`StoreWriter` records the build and every outcome in the results store, one committed
   transaction each, so a killed run keeps everything it reported;
-- :class:`ProgressReporter` draws a progress bar on a terminal, and prints each failure in a log;
+- :class:`ProgressReporter` draws a progress bar on a terminal, and prints each failure and, every minute, the
+  cases done, the rate and the time left (:class:`Eta`) in a log;
 - :class:`JsonLinesWriter` appends one JSON object per outcome to a file (``--jsonl``), for tools;
 - :class:`JUnitWriter` writes JUnit XML of the cases run (``--junit``), for CI viewers.
 """
@@ -87,10 +88,55 @@ class StoreWriter:
         self.store.record(run.build_id, case, outcome)
 
 
-class ProgressReporter:
-    """A rich progress bar on a terminal; in a log (not a terminal), one line per failing case."""
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
 
-    def __init__(self, description: str, console=None) -> None:
+
+class Eta:
+    """Cases done, the rate and the time left of a run, from the outcomes as they arrive.
+
+    The rate counts from the first outcome (the workers' start is not a case's cost), over the last
+    ``window`` outcomes once there are that many, so it follows the kind of cases running now; cases the
+    build already held (``--resume``) count as done and cost nothing.
+    """
+
+    def __init__(self, total: int, *, resumed: int = 0, window: int = 200, clock=None) -> None:
+        import time
+        from collections import deque
+
+        self.total, self.done, self.resumed = total, resumed, resumed
+        self.clock = clock or time.monotonic
+        self.started = self.clock()
+        self._times: deque[float] = deque(maxlen=window + 1)
+
+    def add(self) -> None:
+        self.done += 1
+        self._times.append(self.clock())
+
+    @property
+    def rate_per_min(self) -> float | None:
+        if len(self._times) < 2 or self._times[-1] <= self._times[0]:
+            return None
+        return (len(self._times) - 1) / (self._times[-1] - self._times[0]) * 60
+
+    def line(self, label: str) -> str:
+        """``models: 1,234 / 5,000 (24.7%), 95.2 cases/min, about 39m30s left (elapsed 13m05s)``."""
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        rate = self.rate_per_min
+        left = (f", {rate:.1f} cases/min, about {_duration((self.total - self.done) / rate * 60)} left"
+                if rate else "")
+        resumed = f", {self.resumed:,} stored before" if self.resumed else ""
+        return (f"{label}: {self.done:,} / {self.total:,} ({pct:.1f}%){left}{resumed} "
+                f"(elapsed {_duration(self.clock() - self.started)})")
+
+
+class ProgressReporter:
+    """A rich progress bar on a terminal; in a log (not a terminal), one line per failing case and a progress
+    line with the rate and the time left every ``every_s`` seconds (a nightly's log says how far it is)."""
+
+    def __init__(self, description: str, console=None, *, every_s: float = 60.0) -> None:
         from rich.console import Console
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                    TimeRemainingColumn)
@@ -102,16 +148,27 @@ class ProgressReporter:
             TimeRemainingColumn(), TextColumn("{task.fields[last]}"), console=self.console,
             disable=not self.console.is_terminal, transient=False)
         self.task = None
+        self.every_s = every_s
+        self.eta: Eta | None = None
+        self._printed = 0.0
 
     def suite_start(self, run) -> None:
         self.progress.start()
         self.task = self.progress.add_task(self.description, total=len(run.cases), last="")
+        self.eta = Eta(run.total, resumed=run.total - len(run.cases))
+        self._printed = self.eta.clock()
 
     def case_outcome(self, run, case, outcome) -> None:
         self.progress.update(self.task, advance=1, last=f"{outcome.status.value:12s} {case.title[:60]}")
-        if not self.console.is_terminal and outcome.failed:
+        self.eta.add()
+        if self.console.is_terminal:
+            return
+        if outcome.failed:
             self.console.print(f"  {outcome.status.value:12s} {case.title}: {outcome.message[:200]}", markup=False,
                                soft_wrap=True)
+        if self.eta.clock() - self._printed >= self.every_s:
+            self._printed = self.eta.clock()
+            self.console.print(self.eta.line(self.description), markup=False, soft_wrap=True)
 
     def suite_finish(self, run, summary) -> None:
         self.progress.stop()
@@ -170,5 +227,5 @@ class JUnitWriter:
                 junit_result(tc, "skipped", message=outcome.message, body=body)
         write_junit(root, self.path)
 
-__all__ = ["JUnitWriter", "JsonLinesWriter", "OnOutcome", "ProgressReporter", "StoreWriter", "junit_classname",
+__all__ = ["Eta", "JUnitWriter", "JsonLinesWriter", "OnOutcome", "ProgressReporter", "StoreWriter", "junit_classname",
            "junit_document", "junit_result", "junit_testcase", "write_junit", "xml_text"]

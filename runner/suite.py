@@ -47,6 +47,7 @@ class SuiteSummary:
     by_dtype: dict[str, dict[str, int]] = field(default_factory=dict)
     by_family: dict[str, dict[str, int]] = field(default_factory=dict)
     seconds: float = 0.0
+    case_seconds: float = 0.0  # the cases' own time, summed over workers (their outcomes' durations)
     # The harness's own retries (a lost node, a killed worker, a shared memory cap): not the backend's failures.
     retried: int = 0  # cases run again
     retry_reasons: dict[str, int] = field(default_factory=dict)
@@ -70,6 +71,14 @@ class SuiteSummary:
         return (f"harness retries: {self.retried} case{'s' if self.retried > 1 else ''} ran again for causes "
                 f"outside the backend ({reasons}); each is recorded once, with the verdict of its own run")
 
+    def overhead_note(self, jobs: int) -> str:
+        """``, 1.08x the cases' own time on 2 workers``: what the run cost beyond its cases (worker starts,
+        restarts after crashes, reference probes, the last cases' tail); "" before any case ran."""
+        if not self.case_seconds or not self.seconds:
+            return ""
+        return f", {self.seconds * jobs / self.case_seconds:.2f}x the cases' own time on {jobs} worker" \
+               f"{'s' if jobs > 1 else ''}"
+
     def add(self, case: Case, status: Status) -> None:
         self.counts[status.value] = self.counts.get(status.value, 0) + 1
         for table, key in ((self.by_dtype, case.dtype), (self.by_family, case.family or case.name)):
@@ -80,6 +89,36 @@ class SuiteSummary:
 def default_build_id(target_label: str) -> str:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return f"{target_label.split()[0]}-{stamp}-{socket.gethostname()}"
+
+
+def selection_digest(case_ids: Iterable[str]) -> str:
+    """A hash of the cases a run selected (before sharding), whatever their order."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=12)
+    for case_id in sorted(case_ids):
+        h.update(case_id.encode())
+    return h.hexdigest()
+
+
+# What makes two results one build: the same target and backend, the same reference library, the same faults,
+# and (where both recorded it) the same selection of cases. Hosts, Python builds and times may differ.
+_BUILD_FIELDS = ("target", "torch", "torch_neuronx", "neuronx_cc", "cuda", "emulator_faults")
+
+
+def same_build(stored: Mapping, other: Mapping) -> str | None:
+    """None when two build manifests (a shard's, a resumed run's) describe one build, else what differs."""
+    differ = [f"{key} {stored.get(key)!r} vs {other.get(key)!r}" for key in _BUILD_FIELDS
+              if stored.get(key) != other.get(key)]
+    profiles = [(m.get("emulator_profile") or {}).get("name") for m in (stored, other)]
+    if profiles[0] != profiles[1]:
+        differ.append(f"emulator profile {profiles[0]!r} vs {profiles[1]!r}")
+    selections = [(m.get("selection") or {}) for m in (stored, other)]
+    if (all(sel.get("digest") for sel in selections) and selections[0].get("kind") == selections[1].get("kind")
+            and selections[0]["digest"] != selections[1]["digest"]):
+        differ.append(f"another selection of cases ({selections[0].get('cases')} vs {selections[1].get('cases')} "
+                      f"{selections[0].get('command', 'cases')})")
+    return "; ".join(differ) or None
 
 
 def suite_hooks(plugins: Iterable[object] = ()) -> Hooks:
@@ -125,6 +164,7 @@ def run_suite(
         for outcome in supervisor.run(todo):
             case = by_id[outcome.case_id]
             summary.ran += 1
+            summary.case_seconds += outcome.duration_s
             summary.add(case, outcome.status)
             if outcome.evidence.get(RETRIES_KEY):
                 summary.add_retries(outcome.evidence[RETRIES_KEY])
@@ -134,4 +174,5 @@ def run_suite(
     return summary
 
 
-__all__ = ["SuiteRun", "SuiteSummary", "default_build_id", "run_suite", "suite_hooks"]
+__all__ = ["SuiteRun", "SuiteSummary", "default_build_id", "run_suite", "same_build", "selection_digest",
+           "suite_hooks"]
