@@ -31,15 +31,22 @@ def add_suite_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rss-limit-mb", type=int, default=4096, help="stop a worker above this RSS (default 4096)")
     g.add_argument("--executor", choices=("local", "ray"), default="local")
     g.add_argument("--address", default=None, help="Ray cluster address (with --executor ray)")
+    g.add_argument("--device-resource", default=None, metavar="NAME",
+                   help="Ray resource each worker takes one of, one device per actor (default: neuron_cores for a "
+                        "real Neuron target or where the cluster offers them; GPU for cuda)")
     g.add_argument("--no-reference-cache", action="store_true", help="do not reuse cached reference results")
     g.add_argument("--jsonl", default=None, metavar="FILE", help="also append one JSON line per outcome to FILE")
     g.add_argument("--junit", default=None, metavar="OUT.xml", help="also write JUnit XML of the cases run")
 
 
-def _settings(args, *, timeout: float, build: str, warmup: tuple[str, ...] = ()):
+def _settings(args, *, timeout: float, build: str, warmup: tuple[str, ...] = (), target=None):
     from conformance.settings import RunSettings, default_threads
 
     results = Path(args.results)
+    device_resource = getattr(args, "device_resource", None)
+    if device_resource is None and args.executor == "ray" and target is not None:
+        # A real device needs one per actor: a cluster without it is refused, not run on its CPUs.
+        device_resource = {"neuron": "neuron_cores", "cuda": "GPU"}.get(target.kind)
     return RunSettings(
         target=args.target,
         reference=args.reference,
@@ -50,6 +57,7 @@ def _settings(args, *, timeout: float, build: str, warmup: tuple[str, ...] = ())
         reference_cache=None if args.no_reference_cache else str(results / "reference_cache.sqlite"),
         warmup=warmup,
         threads=default_threads(args.jobs),
+        device_resource=device_resource,
     )
 
 
@@ -76,7 +84,7 @@ def run_cases(args, cases, *, kind_label: str, timeout: float, group: str = "dty
             raise UsageError(str(exc)) from None
     reference, target = resolve_targets(args)
     build = args.build or default_build_id(target.label)
-    settings = _settings(args, timeout=timeout, build=build, warmup=warmup)
+    settings = _settings(args, timeout=timeout, build=build, warmup=warmup, target=target)
     manifest = target.manifest()
     manifest["reference"] = reference.manifest()
     manifest[SELECTION_KEY] = selection(kind_label, cases)

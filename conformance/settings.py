@@ -30,6 +30,9 @@ class RunSettings:
     # Reproducers: at most this many bytes of saved inputs per case; failing samples shrunk first.
     repro_max_bytes: int = 2**20
     shrink: bool = True
+    # A Ray resource each worker takes one of: one device per actor (``neuron_cores`` on a Trainium host, which
+    # offers 32; ``GPU``). None: a NeuronCore where the cluster has them, else only a CPU (runner/transports.py).
+    device_resource: str | None = None
 
     def worker_env(self) -> dict[str, str]:
         """The environment a worker needs: emulator profile and faults, backend modules."""

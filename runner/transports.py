@@ -417,14 +417,29 @@ class RayTransport:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 raise TransportError(f"cannot start or reach a Ray cluster {where}: {type(exc).__name__}: {first}") from None
             self._owns_ray = True
-        if not self.resources:
-            self.resources = {"num_cpus": 1}
-            if ray.cluster_resources().get(NEURON_RESOURCE, 0) >= 1:
-                self.resources["resources"] = {NEURON_RESOURCE: 1}
         return ray
+
+    def _actor_resources(self, ray, settings: RunSettings) -> dict[str, Any]:
+        """One CPU and one device per actor: the run's device resource, which the cluster must offer, or a
+        NeuronCore where the cluster has them."""
+        name = settings.device_resource
+        offered = ray.cluster_resources()
+        if name:
+            if offered.get(name, 0) < 1:
+                where = f"at {self.address}" if self.address else "started locally"
+                known = ", ".join(sorted(k for k in offered if not k.startswith("node:"))) or "none"
+                how = "a GPU" if name == "GPU" else f"--resources '{{\"{name}\": N}}'"
+                raise TransportError(f"--device-resource {name}: the Ray cluster {where} offers no {name!r} "
+                                     f"(its resources: {known}); start each node with {how}")
+            return {"num_cpus": 1, **({"num_gpus": 1} if name == "GPU" else {"resources": {name: 1}})}
+        if offered.get(NEURON_RESOURCE, 0) >= 1:
+            return {"num_cpus": 1, "resources": {NEURON_RESOURCE: 1}}
+        return {"num_cpus": 1}
 
     def start(self, settings: RunSettings) -> _RayHandle:
         ray = self.connect()
+        if not self.resources:
+            self.resources = self._actor_resources(ray, settings)
         env = tuple(sorted(settings.worker_env().items()))
         if env not in self._classes:
             actor = type("CaseActor", (_RayWorker,), {"rss_mb": ray.method(concurrency_group="monitor")(_RayWorker.rss_mb)})

@@ -138,3 +138,11 @@ def test_an_unreachable_address_is_one_line_and_exit_2(tmp_path):
                 "--address", f"{LOOPBACK}:9", "--results", str(tmp_path / "runs"))
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.count("\n") == 1 and "cannot start or reach a Ray cluster at --address 127.0.0.1:9" in r.stderr, r.stderr
+
+
+def test_a_cluster_without_the_device_resource_is_one_line_and_exit_2(cluster, tmp_path):
+    """One device per actor: a run that asks for a device resource the cluster does not offer never runs on CPUs."""
+    r = run_cli("neuron-conformance", "ops", "--ops", "tanh", "--dtypes", "float32", "--executor", "ray",
+                "--address", cluster.address, "--device-resource", "neuron_cores", "--results", str(tmp_path / "runs"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.count("\n") == 1 and "offers no 'neuron_cores'" in r.stderr, r.stderr
