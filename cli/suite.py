@@ -35,6 +35,9 @@ def add_suite_options(p: argparse.ArgumentParser) -> None:
                    help="Ray resource each worker takes one of, one device per actor (default: neuron_cores for a "
                         "real Neuron target or where the cluster offers them; GPU for cuda)")
     g.add_argument("--no-reference-cache", action="store_true", help="do not reuse cached reference results")
+    g.add_argument("--reference-cache", default=None, metavar="FILE",
+                   help="the reference cache's SQLite file, on a local disk of every node that runs workers "
+                        "(default: reference_cache.sqlite in the results folder)")
     g.add_argument("--jsonl", default=None, metavar="FILE", help="also append one JSON line per outcome to FILE")
     g.add_argument("--junit", default=None, metavar="OUT.xml", help="also write JUnit XML of the cases run")
 
@@ -54,7 +57,8 @@ def _settings(args, *, timeout: float, build: str, warmup: tuple[str, ...] = (),
         timeout_s=args.timeout or timeout,
         rss_limit_mb=args.rss_limit_mb,
         artifacts_dir=str(results / "artifacts" / build),  # one folder per build: builds never overwrite each other
-        reference_cache=None if args.no_reference_cache else str(results / "reference_cache.sqlite"),
+        reference_cache=None if args.no_reference_cache else (args.reference_cache
+                                                              or str(results / "reference_cache.sqlite")),
         warmup=warmup,
         threads=default_threads(args.jobs),
         device_resource=device_resource,

@@ -63,6 +63,9 @@ class ReferenceCache:
         self.max_bytes = max_bytes
         self.reference = reference
         self.torch_version = torch.__version__
+        import os
+
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # a node-local folder made on first use
         self._conn = sqlite3.connect(path, timeout=60)
         self._conn.execute("PRAGMA busy_timeout=60000")
         use_wal(self._conn)  # workers start together and race to create the file
