@@ -23,7 +23,10 @@ Goals: a CI subset of at least 2,000 configurations within 15 minutes with
 -j 2, peak RSS under 4 GiB per worker; a case with the noise floor at most
 2x the time of a plain case.
 
-    python bench/model_zoo.py [--sample 2000] [--limit 200] [-j 2] [--overhead-configs 20] [--profile exact]
+  5. ``--warm``: the same configurations again as a second build would run them, the reference
+     outputs from the reference cache the first run filled.
+
+    python bench/model_zoo.py [--sample 2000] [--limit 200] [-j 2] [--overhead-configs 20] [--profile exact] [--warm]
     python bench/model_zoo.py --noise-floor 45 [--noise-profile neuron-2.27]
 """
 
@@ -76,7 +79,8 @@ def stratified_part(configs: list, limit: int) -> list:
     return [configs[int(i * step)] for i in range(limit)]
 
 
-def harness_run(configs: list, jobs: int, results: str, rss_limit_mb: int):
+def harness_run(configs: list, jobs: int, results: str, rss_limit_mb: int, reference_cache: str | None = None,
+                build: str | None = None):
     from model_zoo.execute import model_case
     from conformance.settings import RunSettings, default_threads
     from runner.reporters import OnOutcome, StoreWriter
@@ -84,7 +88,8 @@ def harness_run(configs: list, jobs: int, results: str, rss_limit_mb: int):
     from results.store import ResultStore
 
     settings = RunSettings(target="neuron", timeout_s=600.0, rss_limit_mb=rss_limit_mb,
-                           artifacts_dir=os.path.join(results, "artifacts"), threads=default_threads(jobs))
+                           artifacts_dir=os.path.join(results, "artifacts"), threads=default_threads(jobs),
+                           reference_cache=reference_cache)
     cases = [model_case(c) for c in configs]
     totals: dict[str, float] = {}
     findings: list[str] = []
@@ -97,8 +102,8 @@ def harness_run(configs: list, jobs: int, results: str, rss_limit_mb: int):
 
     start = time.perf_counter()
     with PeakRSS() as rss, ResultStore.open(results) as store:
-        summary = run_suite(cases, settings=settings, plugins=[StoreWriter(store), OnOutcome(collect)], build_id=f"bench-j{jobs}", manifest={},
-                            target_label="neuron", jobs=jobs)
+        summary = run_suite(cases, settings=settings, plugins=[StoreWriter(store), OnOutcome(collect)],
+                            build_id=build or f"bench-j{jobs}", manifest={}, target_label="neuron", jobs=jobs)
     return time.perf_counter() - start, summary, totals, rss.peak_mb, findings
 
 
@@ -185,6 +190,8 @@ def main() -> None:
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--overhead-configs", type=int, default=20, help="configs timed raw vs harness (0: skip)")
     parser.add_argument("--profile", default="exact")
+    parser.add_argument("--warm", action="store_true",
+                        help="with a reference cache, and run the configurations again from it (a second build)")
     parser.add_argument("--rss-limit-mb", type=int, default=4096)
     parser.add_argument("--noise-floor", type=int, default=0, metavar="N",
                         help="only the noise-floor figures, on N timm architectures")
@@ -207,11 +214,16 @@ def main() -> None:
           f"profile {args.profile}, {os.cpu_count()} CPUs", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="bench_zoo_") as tmp:
-        wall, summary, totals, peak, findings = harness_run(part, args.jobs, os.path.join(tmp, "run"), args.rss_limit_mb)
+        cache = os.path.join(tmp, "reference_cache.sqlite") if args.warm else None
+        wall, summary, totals, peak, findings = harness_run(part, args.jobs, os.path.join(tmp, "run"), args.rss_limit_mb,
+                                                            cache, "cold")
         rate = len(part) / wall * 60
-        print(f"\n1. harness, -j {args.jobs}: {len(part)} configurations in {wall:.1f} s = {rate:.1f} configurations/min")
+        print(f"\n1. harness, -j {args.jobs}: {len(part)} configurations in {wall:.1f} s = {rate:.1f} configurations/min"
+              f" = {rate / args.jobs:.1f} per core-minute")
         print("   time per configuration (summed over workers): "
               + ", ".join(f"{k} {v / max(1, len(part)):.2f} s" for k, v in sorted(totals.items())))
+        print(f"   wall time x workers / the cases' own time: {wall * args.jobs / summary.case_seconds:.2f} "
+              f"(goal <= 1.2)")
         print("   outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
         for line in findings[:30]:
             print(f"     {line}")
@@ -219,6 +231,14 @@ def main() -> None:
         projected = len(subset) / rate
         print(f"\n2. whole subset ({len(subset)} configurations) at that rate: {projected:.1f} min "
               f"(goal: 15 min with -j 2)")
+        if args.warm:  # the same configurations again, as the next backend build: the reference from the cache
+            warm_wall, warm, warm_totals, _, _ = harness_run(part, args.jobs, os.path.join(tmp, "run"),
+                                                             args.rss_limit_mb, cache, "warm")
+            warm_rate = len(part) / warm_wall * 60
+            print(f"\n   warm reference (a second build, same configurations): {warm_wall:.1f} s = {warm_rate:.1f} "
+                  f"configurations/min; time per configuration: "
+                  + ", ".join(f"{k} {v / max(1, len(part)):.2f} s" for k, v in sorted(warm_totals.items()))
+                  + f"; whole subset projected {len(subset) / warm_rate:.1f} min (goal: 10 min with -j 2)")
 
         if args.overhead_configs:
             few = stratified_part(part, args.overhead_configs)

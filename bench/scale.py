@@ -2,6 +2,12 @@
 cost per case of writing results to the store.
 
     .venv/bin/python bench/scale.py [--ops GLOBS] [--dtypes LIST] [--jobs 2] [--no-ray] [--store-rows N]
+    .venv/bin/python bench/scale.py --models 60 [--cluster]
+
+``--models N`` times N configurations of the model zoo's CI subset instead
+of op cases; ``--cluster`` adds a simulated 3-node Ray cluster
+(``ray.cluster_utils.Cluster`` on 127.0.0.1: a head with no CPUs, the driver's
+node, and two worker nodes with one CPU each, one actor per node).
 
 Each executor runs the same case set twice on the same workers (the
 emulated device, exact profile, no reference cache, so both passes do the
@@ -43,6 +49,31 @@ def cases(ops: str, dtypes: str):
 
     return all_cases(OpSelection(patterns=tuple(ops.split(",")), dtypes=tuple(dtypes.split(",")),
                                  directions=("forward", "backward")))
+
+
+def model_cases(n: int):
+    """``n`` configurations of the zoo's CI subset (every k-th, so the families' mix is kept)."""
+    import model_zoo
+    from model_zoo.execute import model_case
+
+    subset = model_zoo.sample_configs(2000, 0)
+    step = len(subset) / n
+    return [model_case(subset[int(i * step)]) for i in range(min(n, len(subset)))]
+
+
+def loopback_cluster(worker_nodes: int):
+    """A simulated multi-node Ray cluster on 127.0.0.1: a head with no CPUs and ``worker_nodes`` nodes of one CPU."""
+    from runner.transports import LOOPBACK, loopback_env, ray_init
+
+    loopback_env()
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_ip_address": LOOPBACK,
+                                                            "include_dashboard": False})
+    for _ in range(worker_nodes):
+        cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+    ray_init(cluster.address)
+    return cluster
 
 
 def settings(artifacts: Path):
@@ -137,24 +168,33 @@ def main() -> int:
     parser.add_argument("--no-ray", action="store_true")
     parser.add_argument("--store-rows", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=1, help="best of N runs per figure")
+    parser.add_argument("--models", type=int, default=0, metavar="N", help="N zoo configurations instead of op cases")
+    parser.add_argument("--cluster", action="store_true", help="also a simulated 3-node Ray cluster on 127.0.0.1")
     args = parser.parse_args()
 
     os.environ.setdefault("NEURON_VALIDATE_EMULATOR_PROFILE", "exact")
-    selected = cases(args.ops, args.dtypes)
+    selected = model_cases(args.models) if args.models else cases(args.ops, args.dtypes)
+    what = "model configurations (CI subset)" if args.models else f"op cases ({args.dtypes}, forward and backward)"
     load = os.getloadavg()[0]
-    print(f"case set: {len(selected)} op cases ({args.dtypes}, forward and backward); {os.cpu_count()} cores; "
+    print(f"case set: {len(selected)} {what}; {os.cpu_count()} cores; "
           f"one torch thread per worker; load average {load:.2f}", flush=True)
 
-    executors = ["local"] + ([] if args.no_ray else ["ray"])
+    executors = ["local"] + ([] if args.no_ray else ["ray"]) + (["cluster"] if args.cluster else [])
     for executor in executors:
+        cluster = None
         if executor == "ray":
             from runner.transports import ray_init
 
             ray = ray_init(num_cpus=args.jobs)  # a private instance on 127.0.0.1
-        label = {"local": "local pool", "ray": "ray"}[executor]
+        elif executor == "cluster":
+            import ray
+
+            cluster = loopback_cluster(args.jobs)
+        label = {"local": "local pool", "ray": "ray", "cluster": "3-node ray"}[executor]
         figures: dict[int, tuple[float, float]] = {}
-        for jobs in (1, args.jobs):
-            runs = [timed_passes(selected, executor=executor, jobs=jobs) for _ in range(args.repeat)]
+        for jobs in ((args.jobs,) if cluster else (1, args.jobs)):
+            runs = [timed_passes(selected, executor="ray" if cluster else executor, jobs=jobs)
+                    for _ in range(args.repeat)]
             best = min(runs, key=lambda r: r[1])
             cold, warm = min(r[0] for r in runs), best[1]
             figures[jobs] = (cold, warm, best[2])
@@ -162,6 +202,15 @@ def main() -> int:
                   f"({warm / len(selected) * 1e3:5.0f} ms per case warm; the harness got {best[2]:.2f} cores; "
                   f"{', '.join(f'{k} {v}' for k, v in sorted(best[3].items()))}; "
                   f"load average {os.getloadavg()[0]:.1f})", flush=True)
+        if cluster is not None:
+            ray.shutdown()
+            cluster.shutdown()
+            (c1, w1, _), (cn, wn, _) = local_one, figures[args.jobs]
+            print(f"{label:<10} speedup of {args.jobs} actors on {args.jobs} nodes over 1 local worker: "
+                  f"{w1 / wn:.2f}x warm, {c1 / cn:.2f}x cold", flush=True)
+            continue
+        if executor == "local":
+            local_one = figures[1]
         (c1, w1, k1), (cn, wn, kn) = figures[1], figures[args.jobs]
         print(f"{label:<10} speedup of {args.jobs} workers over 1: {w1 / wn:.2f}x warm, {c1 / cn:.2f}x cold "
               f"(goal {0.9 * args.jobs:.1f}x); CPU per case warm: {w1 * k1 / len(selected) * 1e3:.0f} ms with 1 "
