@@ -80,7 +80,7 @@ def stratified_part(configs: list, limit: int) -> list:
 
 
 def harness_run(configs: list, jobs: int, results: str, rss_limit_mb: int, reference_cache: str | None = None,
-                build: str | None = None):
+                build: str | None = None, durations: dict | None = None):
     from model_zoo.execute import model_case
     from conformance.settings import RunSettings, default_threads
     from runner.reporters import OnOutcome, StoreWriter
@@ -103,7 +103,8 @@ def harness_run(configs: list, jobs: int, results: str, rss_limit_mb: int, refer
     start = time.perf_counter()
     with PeakRSS() as rss, ResultStore.open(results) as store:
         summary = run_suite(cases, settings=settings, plugins=[StoreWriter(store), OnOutcome(collect)],
-                            build_id=build or f"bench-j{jobs}", manifest={}, target_label="neuron", jobs=jobs)
+                            build_id=build or f"bench-j{jobs}", manifest={}, target_label="neuron", jobs=jobs,
+                            durations=durations)
     return time.perf_counter() - start, summary, totals, rss.peak_mb, findings
 
 
@@ -181,6 +182,19 @@ def noise_floor_cost(n: int, profile: str, tmp: str) -> None:
             print(f"     {verdict(plain[t]):<16} -> {verdict(floor[t]):<16} {t}: {floor[t][2][:140]}")
 
 
+def project(total: int, per_core: float, warm_per_core: float | None, layouts: str) -> None:
+    """Hours for ``total`` configurations on N nodes of M cores at the measured configurations per core-minute
+    (one worker per core, as bench/scale.py measures the scale-out), cold and with a warm reference."""
+    print(f"\n6. projection: {total:,} configurations of this mix at {per_core:.1f} configurations per core-minute"
+          + (f" ({warm_per_core:.1f} with a warm reference)" if warm_per_core else "")
+          + "; one worker per core, linear in cores")
+    for layout in layouts.split(","):
+        nodes, cores = (int(x) for x in layout.split("x"))
+        hours = total / (per_core * nodes * cores) / 60
+        warm = f", warm reference {total / (warm_per_core * nodes * cores) / 60:6.1f} h" if warm_per_core else ""
+        print(f"   {nodes:>3} nodes x {cores:>3} cores: cold {hours:6.1f} h{warm}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=2000, help="size of the stratified CI subset")
@@ -190,6 +204,8 @@ def main() -> None:
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--overhead-configs", type=int, default=20, help="configs timed raw vs harness (0: skip)")
     parser.add_argument("--profile", default="exact")
+    parser.add_argument("--project", type=int, default=200_000, help="project this many configurations (0: no)")
+    parser.add_argument("--nodes", default="1x2,4x32,8x32,16x32,32x32", help="NODESxCORES layouts to project")
     parser.add_argument("--warm", action="store_true",
                         help="with a reference cache, and run the configurations again from it (a second build)")
     parser.add_argument("--rss-limit-mb", type=int, default=4096)
@@ -231,14 +247,23 @@ def main() -> None:
         projected = len(subset) / rate
         print(f"\n2. whole subset ({len(subset)} configurations) at that rate: {projected:.1f} min "
               f"(goal: 15 min with -j 2)")
+        warm_rate = None
         if args.warm:  # the same configurations again, as the next backend build: the reference from the cache
+            from results.store import ResultStore
+            from runner.suite import previous_durations
+
+            with ResultStore.open(os.path.join(tmp, "run")) as store:
+                durations = previous_durations(store, "warm")  # a nightly starts with the longest cases
             warm_wall, warm, warm_totals, _, _ = harness_run(part, args.jobs, os.path.join(tmp, "run"),
-                                                             args.rss_limit_mb, cache, "warm")
+                                                             args.rss_limit_mb, cache, "warm", durations)
             warm_rate = len(part) / warm_wall * 60
-            print(f"\n   warm reference (a second build, same configurations): {warm_wall:.1f} s = {warm_rate:.1f} "
-                  f"configurations/min; time per configuration: "
+            print(f"\n   warm reference (a second build, same configurations, longest first): {warm_wall:.1f} s = "
+                  f"{warm_rate:.1f} configurations/min; wall x workers / own time "
+                  f"{warm_wall * args.jobs / warm.case_seconds:.2f}; time per configuration: "
                   + ", ".join(f"{k} {v / max(1, len(part)):.2f} s" for k, v in sorted(warm_totals.items()))
                   + f"; whole subset projected {len(subset) / warm_rate:.1f} min (goal: 10 min with -j 2)")
+        if args.project:
+            project(args.project, rate / args.jobs, warm_rate / args.jobs if warm_rate else None, args.nodes)
 
         if args.overhead_configs:
             few = stratified_part(part, args.overhead_configs)

@@ -69,7 +69,7 @@ def run_cases(args, cases, *, kind_label: str, timeout: float, group: str = "dty
     from conformance.case import parse_shard
     from results.store import ResultStore
     from runner.reporters import JsonLinesWriter, JUnitWriter, ProgressReporter, StoreWriter
-    from runner.suite import default_build_id, run_suite
+    from runner.suite import default_build_id, previous_durations, run_suite
 
     from .progress import console, summary_table
 
@@ -106,7 +106,7 @@ def run_cases(args, cases, *, kind_label: str, timeout: float, group: str = "dty
         summary = run_suite(
             cases, settings=settings, build_id=build, manifest=manifest, target_label=target.label,
             plugins=plugins, jobs=args.jobs, shard_spec=shard_spec, done=done, executor=args.executor,
-            address=args.address,
+            address=args.address, durations=previous_durations(store, build),
         )
         failure_lines = _failure_groups(store, build)
     if summary.skipped_resume:

@@ -121,6 +121,25 @@ def same_build(stored: Mapping, other: Mapping) -> str | None:
     return "; ".join(differ) or None
 
 
+def previous_durations(store, build_id: str, *, builds: int = 2) -> dict[str, float]:
+    """How long each case took in the store's latest other builds (the longest seen): what orders a run."""
+    durations: dict[str, float] = {}
+    for b in [b for b in store.builds() if b.id != build_id][-builds:]:
+        for row in store.statuses(b.id):
+            if row.duration:
+                durations[row.case_id] = max(durations.get(row.case_id, 0.0), row.duration)
+    return durations
+
+
+def longest_first(cases: list[Case], durations: Mapping[str, float]) -> list[Case]:
+    """Cases no earlier build timed first (they may be long), then the rest longest first, so the run does
+    not end with one worker on a long case while the others wait: the tail of a run is its longest cases."""
+    if not durations:
+        return list(cases)
+    unknown = [c for c in cases if c.id not in durations]
+    return unknown + sorted((c for c in cases if c.id in durations), key=lambda c: -durations[c.id])
+
+
 def suite_hooks(plugins: Iterable[object] = ()) -> Hooks:
     return Hooks(SuiteHooks, prefixes=PREFIXES, plugins=plugins)
 
@@ -138,18 +157,21 @@ def run_suite(
     done: Mapping[str, Status] | None = None,
     executor: str = "local",
     address: str | None = None,
+    durations: Mapping[str, float] | None = None,
 ) -> SuiteSummary:
     """Runs ``cases`` and returns the build's summary.
 
     ``done``: statuses the build already holds (``--resume``); those cases
-    are not run again, and count in the summary as recorded.
+    are not run again, and count in the summary as recorded. ``durations``:
+    how long cases took before (:func:`previous_durations`); the run starts
+    with the longest.
     """
     start = time.perf_counter()
     hooks = suite_hooks(plugins)
     if shard_spec:
         cases = shard(cases, *shard_spec)
     done = dict(done or {})
-    todo = [c for c in cases if c.id not in done]
+    todo = longest_first([c for c in cases if c.id not in done], durations or {})
     run = SuiteRun(build_id=build_id, settings=settings, manifest=manifest, target_label=target_label, cases=todo,
                    total=len(cases))
     summary = SuiteSummary(build_id=build_id, total=len(cases), ran=0, skipped_resume=len(cases) - len(todo))
@@ -174,5 +196,5 @@ def run_suite(
     return summary
 
 
-__all__ = ["SuiteRun", "SuiteSummary", "default_build_id", "run_suite", "same_build", "selection_digest",
-           "suite_hooks"]
+__all__ = ["SuiteRun", "SuiteSummary", "default_build_id", "longest_first", "previous_durations", "run_suite",
+           "same_build", "selection_digest", "suite_hooks"]

@@ -87,3 +87,13 @@ def test_the_summary_names_the_harness_retries_apart_from_the_backend_failures()
     assert summary.retries_line.startswith("harness retries: 2 cases ran again for causes outside the backend "
                                            "(memory cap shared by both sides x1, node lost x2)"), summary.retries_line
     assert summary.failures == 0
+
+
+def test_a_run_starts_with_untimed_cases_then_the_longest():
+    from conformance.case import Case
+    from runner.suite import longest_first
+
+    cases = [Case(kind="model", name=f"m{i}", config={"i": i}) for i in range(5)]
+    durations = {cases[0].id: 1.0, cases[1].id: 30.0, cases[3].id: 5.0}
+    assert [c.name for c in longest_first(cases, durations)] == ["m2", "m4", "m1", "m3", "m0"]
+    assert longest_first(cases, {}) == cases
