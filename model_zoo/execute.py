@@ -164,7 +164,12 @@ def run_reference(case: Case, built, config, ctx) -> tuple[dict, bool]:
     if cache is not None and sum(p.numel() * p.element_size() for p in built.model.parameters()) \
             > MAX_CACHED_MODEL_BYTES:
         cache = None  # its gradients alone are over the entry bound: neither hashed nor stored
-    key = fingerprint(built) if cache is not None else ""
+    key = ""
+    if cache is not None:
+        try:
+            key = fingerprint(built)
+        except Exception:  # noqa: BLE001 - weights it cannot hash (a sparse or quantized buffer): not cached
+            cache = None
     entry = cache.get(case.id) if cache is not None else None
     if isinstance(entry, dict) and entry.get("fingerprint") == key and isinstance(entry.get("expected"), dict):
         return entry["expected"], True
