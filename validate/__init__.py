@@ -19,6 +19,8 @@ and ``diff.localize``; ``checks`` turns observations into findings,
 ``verdict`` adds them up; ``report`` writes the terminal summary,
 report.json and report.html; ``compare`` diffs two reports. A whole check is
 a case of kind ``script`` too (``neuron-conformance scripts DIR``).
+``zoo_curves`` asks the loss-curve question of a zoo model instead
+(``neuron-conformance curves``).
 """
 
 from .verdict import NOT_READY, READY, READY_WITH_WARNINGS, Finding, verdict_of
