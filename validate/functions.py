@@ -17,6 +17,8 @@ import inspect
 import os
 import sys
 import time
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from .common import ChildSpec, ScriptProblem, SideResult, localization_observations
 from .probes import compile_observations, error_info, fingerprint, named_inputs, placement_scan, wide_tensors
@@ -140,16 +142,29 @@ def observe(spec: ChildSpec, progress) -> dict:
     return result
 
 
+@dataclass(slots=True, kw_only=True)
+class _Script:
+    """What the script gives: its module, model and inputs (on the CPU), and its loss."""
+
+    path: str
+    module: Any
+    model: Any
+    args: tuple
+    kwargs: dict
+    loss: Callable | None  # loss(output); None where no loss can be trained (see _check_reference)
+    loss_from: str
+    inputs_from: str
+
+    @property
+    def files(self) -> list[str]:
+        return [self.path]
+
+
 def _observe(spec: ChildSpec, result: dict, progress) -> None:
-    import torch
-
+    """The three questions in order, each step's observations into ``result``; a ScriptProblem when the
+    script is at fault."""
     from conformance.target import TargetError, resolve_target
-    from diff.curves import NOISE_RUNS as CURVE_NOISE_RUNS
-    from diff.curves import curve_precision, train_curve
-    from diff.precision import model_for, perturbed_runs
 
-    path = spec.script
-    files = [path]
     try:
         target = resolve_target(spec.target, backend_modules=spec.backend_modules)
         reference = resolve_target(spec.reference)
@@ -157,6 +172,26 @@ def _observe(spec: ChildSpec, result: dict, progress) -> None:
         raise ScriptProblem(str(exc)) from None
     result["manifest"] = {"target": target.manifest(), "reference": reference.manifest()}
     progress(side="both", phase="import")
+    script = _load_script(spec.script, result)
+    # 1. Does it run on the reference? A failure here is the script's problem.
+    progress(side="reference", phase="forward")
+    ref_side, steps = _check_reference(spec, script, reference, result)
+    tgt_side = SideResult(fingerprints=dict(ref_side.fingerprints))
+    with target.track_ops() as tracker:
+        # 2. Does it compute the same thing on the target, and where does it first go wrong?
+        _compare_on_target(script, target, reference, tgt_side, result, progress)
+        # 3. Does it learn the same way?
+        if steps and tgt_side.ran:
+            _train_curves(spec, script, steps, target, reference, ref_side, tgt_side, result, progress)
+    _target_facts(script, target, tracker.trace, tgt_side, result)
+    result["reference"] = ref_side.to_dict()
+    result["target"] = tgt_side.to_dict()
+
+
+def _load_script(path: str, result: dict) -> _Script:
+    """Imports the script and takes its model, inputs and loss (dropout neutralised, noted in ``result``)."""
+    import torch
+
     module = _load_module(path)
     model, model_from = _get(module, ("get_model", "model"), "model", path)
     if not isinstance(model, torch.nn.Module):
@@ -170,116 +205,126 @@ def _observe(spec: ChildSpec, result: dict, progress) -> None:
     loss, loss_from = _loss_callable(module, raw_inputs)
     result["model"] = {"class": type(model).__name__, "from": model_from, "inputs_from": inputs_from,
                        "loss": loss_from, "parameters": sum(p.numel() for p in model.parameters())}
+    return _Script(path=path, module=module, model=model, args=args, kwargs=kwargs, loss=loss, loss_from=loss_from,
+                   inputs_from=inputs_from)
 
-    # 1. Does it run on the reference? A failure here is the script's problem.
-    progress(side="reference", phase="forward")
-    ref_side, tgt_side = SideResult(), SideResult()
+
+def _check_reference(spec: ChildSpec, script: _Script, reference, result: dict) -> tuple[SideResult, int]:
+    """Runs the model on the reference (a failure is the script's problem) and checks its loss; returns the
+    reference's side and the training steps (0, and ``script.loss`` None, when no loss can be trained)."""
     start = time.perf_counter()
     try:
-        ref_out, _, _ = _pass(model, args, kwargs, reference.device, double=False, loss=None)
+        _pass(script.model, script.args, script.kwargs, reference.device, double=False, loss=None)
     except Exception as exc:  # noqa: BLE001
-        info = error_info(exc, files=files)
+        info = error_info(exc, files=script.files)
         where = f" at {info['source']['text']}" if info["source"] else ""
         hint = ""
-        text = info["message"].lower()
-        if any(w in text for w in ("shape", "size", "dimension", "mat1", "expected input")):
-            hint = f" (do the inputs from {inputs_from} have the shapes the model expects?)"
-        raise ScriptProblem(f"the model raised on the reference ({reference.describe()}): {info['message']}{where}{hint}") from None
-    trainable = [p for p in model.parameters() if p.requires_grad]
+        if any(w in info["message"].lower() for w in ("shape", "size", "dimension", "mat1", "expected input")):
+            hint = f" (do the inputs from {script.inputs_from} have the shapes the model expects?)"
+        raise ScriptProblem(f"the model raised on the reference ({reference.describe()}): "
+                            f"{info['message']}{where}{hint}") from None
     steps = DEFAULT_STEPS if spec.steps is None else spec.steps
-    loss_fn = loss
-    try:
-        m = copy.deepcopy(model)
-        value = loss(m(*args, **kwargs))
-        problem = None
-        if not isinstance(value, torch.Tensor):
-            problem = f"{loss_from} returned a {type(value).__name__}, expected a scalar tensor"
-        elif value.numel() != 1:
-            problem = f"{loss_from} returned a tensor of shape {tuple(value.shape)}, expected a scalar"
-        elif not value.requires_grad:
-            problem = f"{loss_from} does not require grad (no trainable parameters reach it)"
-    except Exception as exc:  # noqa: BLE001
-        info = error_info(exc, files=files)
-        problem = f"{loss_from} raised: {info['message']}"
-    if problem or not trainable:
-        problem = problem or "the model has no trainable parameters"
+    problem = _loss_problem(script)
+    if problem:
         if spec.steps_given and spec.steps:
             raise ScriptProblem(f"--steps {spec.steps}: no loss curve can be trained: {problem}")
         result["notes"].append(f"gradients and loss curves skipped: {problem}")
-        loss_fn, steps = None, 0
-    ref_side.ran = True
-    ref_side.seconds = time.perf_counter() - start
-    ref_side.fingerprints = {"parameters": fingerprint(model.state_dict().values()),
-                             "inputs": fingerprint(t for _, t in named_inputs(args, kwargs))}
-    tgt_side.fingerprints = dict(ref_side.fingerprints)
+        script.loss, steps = None, 0
+    side = SideResult(ran=True, seconds=time.perf_counter() - start)
+    side.fingerprints = {"parameters": fingerprint(script.model.state_dict().values()),
+                         "inputs": fingerprint(t for _, t in named_inputs(script.args, script.kwargs))}
+    return side, steps
 
-    # 2. Does it compute the same thing on the target, and where does it first go wrong?
-    with target.track_ops() as tracker:
-        progress(side="target", phase="localize")
-        start = time.perf_counter()
-        loc = localization_observations(model, args, kwargs, target=target, reference=reference, loss_fn=loss_fn,
-                                        files=files)
-        result.update(loc)
-        failure = (loc.get("localization") or {}).get("target_failure")
-        if failure:
-            tgt_side.error = {"type": failure["message"].split(":")[0], "message": failure["message"],
-                              "source": failure["source"], "phase": failure["phase"], "module": failure["module"],
-                              "op": failure["op"]}
-        if target.compiles and not failure:
-            progress(side="target", phase="compile")
-            result["compiled"] = compiled_check(model, args, kwargs, target=target, reference=reference,
-                                                 loss=loss_fn, files=files)
-            if result["compiled"].get("error"):
-                tgt_side.error = result["compiled"]["error"]
-        tgt_side.ran = tgt_side.error is None
-        tgt_side.seconds = time.perf_counter() - start
 
-        # 3. Does it learn the same way?
-        if steps and tgt_side.ran:
-            def batch(step):
-                return (args, kwargs)
+def _loss_problem(script: _Script) -> str | None:
+    """Why the script's loss cannot be trained (not a scalar, no gradient, no trainable parameters), or None."""
+    import torch
 
-            def step_loss(m, inputs):
-                a, k = inputs
-                return loss_fn(m(*a, **k))
+    try:
+        value = script.loss(copy.deepcopy(script.model)(*script.args, **script.kwargs))
+    except Exception as exc:  # noqa: BLE001
+        return f"{script.loss_from} raised: {error_info(exc, files=script.files)['message']}"
+    if not isinstance(value, torch.Tensor):
+        return f"{script.loss_from} returned a {type(value).__name__}, expected a scalar tensor"
+    if value.numel() != 1:
+        return f"{script.loss_from} returned a tensor of shape {tuple(value.shape)}, expected a scalar"
+    if not value.requires_grad:
+        return f"{script.loss_from} does not require grad (no trainable parameters reach it)"
+    if not any(p.requires_grad for p in script.model.parameters()):
+        return "the model has no trainable parameters"
+    return None
 
-            def on_step(side):
-                return lambda step, value: progress(side=side, phase="train", step=step + 1,
-                                                    steps=steps, loss=value)
 
-            common = dict(batch=batch, loss=step_loss, optimizer_factory=_optimizer_factory(module), steps=steps,
-                          seed=spec.seed)
-            curve = train_curve(model, device=reference.device, label=reference.describe(),
-                                on_step=on_step("reference"), **common)
-            ref_side.curve = curve.to_dict()
-            # the band of the curves: reference trainings perturbed as the device's precision allows
-            precision = model_for(target) if spec.localize else curve_precision(model_for(target))
-            if precision:
-                progress(side="reference", phase="perturbed curves")
-                result["perturbed_curves"] = [c.to_dict() for c in perturbed_runs(
-                    lambda: train_curve(model, device=reference.device, label="perturbed reference", **common),
-                    precision, runs=CURVE_NOISE_RUNS, seed=spec.seed)]
-            try:
-                curve = train_curve(model, device=target.device, label=target.describe(), prepare=target.prepare,
-                                    synchronize=target.synchronize, on_step=on_step("target"), **common)
-                tgt_side.curve = curve.to_dict()
-            except Exception as exc:  # noqa: BLE001 - the target failing to train is a finding
-                tgt_side.error = error_info(exc, files=files, phase="training")
-                tgt_side.ran = False
-    trace = tracker.trace
-    tgt_side.extra["fallback_ops"] = list(trace.fallback) if trace else []
-    tgt_side.extra["executed_ops"] = len(trace.executed) if trace else None
+def _compare_on_target(script: _Script, target, reference, tgt_side: SideResult, result: dict, progress) -> None:
+    """The localisation (layers, then ATen ops) and, under a compile target, the compiled check."""
+    progress(side="target", phase="localize")
+    start = time.perf_counter()
+    loc = localization_observations(script.model, script.args, script.kwargs, target=target, reference=reference,
+                                    loss_fn=script.loss, files=script.files)
+    result.update(loc)
+    failure = (loc.get("localization") or {}).get("target_failure")
+    if failure:
+        tgt_side.error = {"type": failure["message"].split(":")[0], "message": failure["message"],
+                          "source": failure["source"], "phase": failure["phase"], "module": failure["module"],
+                          "op": failure["op"]}
+    if target.compiles and not failure:
+        progress(side="target", phase="compile")
+        result["compiled"] = compiled_check(script.model, script.args, script.kwargs, target=target,
+                                            reference=reference, loss=script.loss, files=script.files)
+        if result["compiled"].get("error"):
+            tgt_side.error = result["compiled"]["error"]
+    tgt_side.ran = tgt_side.error is None
+    tgt_side.seconds = time.perf_counter() - start
+
+
+def _train_curves(spec: ChildSpec, script: _Script, steps: int, target, reference, ref_side: SideResult,
+                  tgt_side: SideResult, result: dict, progress) -> None:
+    """Both sides' loss curves, and the band's perturbed reference trainings; a target that fails to train
+    is its side's error."""
+    from diff.curves import NOISE_RUNS as CURVE_NOISE_RUNS
+    from diff.curves import curve_precision, train_curve
+    from diff.precision import model_for, perturbed_runs
+
+    def step_loss(m, inputs):
+        a, k = inputs
+        return script.loss(m(*a, **k))
+
+    def on_step(side):
+        return lambda step, value: progress(side=side, phase="train", step=step + 1, steps=steps, loss=value)
+
+    common = dict(batch=lambda step: (script.args, script.kwargs), loss=step_loss,
+                  optimizer_factory=_optimizer_factory(script.module), steps=steps, seed=spec.seed)
+    ref_side.curve = train_curve(script.model, device=reference.device, label=reference.describe(),
+                                 on_step=on_step("reference"), **common).to_dict()
+    # the band of the curves: reference trainings perturbed as the device's precision allows
+    precision = model_for(target) if spec.localize else curve_precision(model_for(target))
+    if precision:
+        progress(side="reference", phase="perturbed curves")
+        result["perturbed_curves"] = [c.to_dict() for c in perturbed_runs(
+            lambda: train_curve(script.model, device=reference.device, label="perturbed reference", **common),
+            precision, runs=CURVE_NOISE_RUNS, seed=spec.seed)]
+    try:
+        tgt_side.curve = train_curve(script.model, device=target.device, label=target.describe(),
+                                     prepare=target.prepare, synchronize=target.synchronize,
+                                     on_step=on_step("target"), **common).to_dict()
+    except Exception as exc:  # noqa: BLE001 - the target failing to train is a finding
+        tgt_side.error = error_info(exc, files=script.files, phase="training")
+        tgt_side.ran = False
+
+
+def _target_facts(script: _Script, target, trace, tgt_side: SideResult, result: dict) -> None:
+    """What the target's run shows besides its numbers: host fallbacks, placement, 64-bit tensors, graphs."""
     from diff.sides import side_model
 
-    moved = side_model(model, target.device)
+    tgt_side.extra["fallback_ops"] = list(trace.fallback) if trace else []
+    tgt_side.extra["executed_ops"] = len(trace.executed) if trace else None
+    moved = side_model(script.model, target.device)
     tgt_side.extra["placement"] = placement_scan(moved, target.device.type)
     tgt_side.extra["wide_tensors"] = wide_tensors(
-        [*named_inputs(args, kwargs), *model.named_parameters(), *model.named_buffers()])
+        [*named_inputs(script.args, script.kwargs), *script.model.named_parameters(), *script.model.named_buffers()])
     if target.compiles:
         seen = (result.get("compiled") or {}).get("graphs_seen") or []
         tgt_side.extra["compile"] = compile_observations(seen, emulated=target.is_emulated)
-    result["reference"] = ref_side.to_dict()
-    result["target"] = tgt_side.to_dict()
 
 
 def _optimizer_factory(module):
