@@ -79,6 +79,8 @@ class _State:
         # Each graph dynamo hands a backend on this side, in order: its input shapes and dtypes, and whether
         # the model was in train() mode (a graph per mode is expected, not a recompilation).
         self.graphs_seen: list[dict] = []
+        self.started = 0.0  # perf_counter when the script started
+        self.stopped = False  # stopped at the last requested step (StopScript)
 
     def completed_steps(self) -> int:
         """Training steps so far: optimizer steps, or backward() calls in a script that steps no optimizer."""
@@ -114,10 +116,28 @@ def _patch_accelerator_for_cpu(torch) -> None:
 
 
 def _install(state: _State, torch, here) -> dict:
-    """Patches backward, Module.__call__ and torch.compile for this side's Target; returns the originals."""
-    spec = state.spec
+    """Patches backward, Module.__call__ and torch.compile for this side's Target and hooks every optimizer's
+    step; returns the originals for :func:`_uninstall`."""
     originals = {"backward": torch.autograd.backward, "call": torch.nn.Module.__call__, "compile": torch.compile}
-    orig_backward, orig_call, orig_compile = originals["backward"], originals["call"], originals["compile"]
+    torch.autograd.backward = _recording_backward(state, torch, originals["backward"])
+    torch.nn.Module.__call__ = _capturing_call(state, torch, here, originals["call"])
+    torch.compile = _counting_compile(state, torch, here, originals["compile"])
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    originals["step_hook"] = register_optimizer_step_post_hook(_step_recorder(state))
+    return originals
+
+
+def _uninstall(torch, originals: dict) -> None:
+    torch.autograd.backward = originals["backward"]
+    torch.nn.Module.__call__ = originals["call"]
+    torch.compile = originals["compile"]
+    originals["step_hook"].remove()
+
+
+def _recording_backward(state: _State, torch, orig_backward):
+    """backward() that records each scalar loss (and stops the script after the last requested step)."""
+    spec = state.spec
 
     def backward(tensors, grad_tensors=None, *args, **kwargs):
         if state.recording:
@@ -134,10 +154,13 @@ def _install(state: _State, torch, here) -> dict:
                     state.progress(side=spec.side, phase="train", step=len(state.micro_losses), steps=spec.steps,
                                    loss=value)
         return orig_backward(tensors, grad_tensors, *args, **kwargs)
+    return backward
 
+
+def _step_recorder(state: _State):
+    """A global post-hook of every optimizer's step(): closes a training step (gradient accumulation
+    gives it several backward() calls; a GradScaler that skips a step leaves them to the next)."""
     def optimizer_step(optimizer, args, kwargs) -> None:
-        """A global post-hook of every optimizer's step(): closes a training step (gradient accumulation
-        gives it several backward() calls; a GradScaler that skips a step leaves them to the next)."""
         if not state.recording or not state.pending:
             return
         state.optimizer_steps += 1
@@ -145,8 +168,14 @@ def _install(state: _State, torch, here) -> dict:
         state.losses.append(value)
         state.times.append(time.perf_counter())
         state.pending = []
-        state.progress(side=spec.side, phase="train", step=state.optimizer_steps, steps=spec.steps, loss=value)
+        state.progress(side=state.spec.side, phase="train", step=state.optimizer_steps, steps=state.spec.steps,
+                       loss=value)
+    return optimizer_step
 
+
+def _capturing_call(state: _State, torch, here, orig_call):
+    """Module.__call__ that captures the compared call (see _State), compiles it under a compile target, and
+    on the target keeps the gradient that reaches its outputs."""
     def call(self, *args, **kwargs):
         if state.captured or state.depth or not state.recording or torch.compiler.is_compiling():
             return orig_call(self, *args, **kwargs)
@@ -162,9 +191,7 @@ def _install(state: _State, torch, here) -> dict:
             finally:
                 state.depth -= 1
         state.captured = True  # only a call that builds a graph is captured for good
-        root = getattr(self, "_orig_mod", self)
-        _capture(state, torch, root, args, kwargs, here)
-        module = self
+        _capture(state, torch, getattr(self, "_orig_mod", self), args, kwargs, here)
         if here.compiles and not hasattr(self, "_orig_mod"):
             state.harness_compiles = True  # the harness's compile, not the script's
             try:
@@ -173,36 +200,46 @@ def _install(state: _State, torch, here) -> dict:
                 state.harness_compiles = False
         state.depth += 1
         try:
-            out = orig_call(module, *args, **kwargs)
+            out = orig_call(self, *args, **kwargs)
         finally:
             state.depth -= 1
-        if spec.side == "target":
-            from diff.sides import float_leaves, to_device
-
-            leaves = float_leaves(out)
-            state.grad_output = [None] * len(leaves)
-            state.output_sizes = [t.numel() for t in leaves]
-
-            def hook_for(j):
-                def hook(grad):
-                    if state.grad_output[j] is None:
-                        state.grad_output[j] = to_device(grad, "cpu", requires_grad=False)
-                return hook
-
-            for j, leaf in enumerate(leaves):
-                if leaf.requires_grad:
-                    leaf.register_hook(hook_for(j))
+        if state.spec.side == "target":
+            _keep_output_gradients(state, out)
         return out
+    return call
 
+
+def _keep_output_gradients(state: _State, out) -> None:
+    """Hooks the compared call's floating outputs so the first gradient reaching each is kept (on the CPU):
+    the localisation's backward pass starts from it."""
+    from diff.sides import float_leaves, to_device
+
+    leaves = float_leaves(out)
+    state.grad_output = [None] * len(leaves)
+    state.output_sizes = [t.numel() for t in leaves]
+
+    def hook_for(j):
+        def hook(grad):
+            if state.grad_output[j] is None:
+                state.grad_output[j] = to_device(grad, "cpu", requires_grad=False)
+        return hook
+
+    for j, leaf in enumerate(leaves):
+        if leaf.requires_grad:
+            leaf.register_hook(hook_for(j))
+
+
+def _counting_compile(state: _State, torch, here, orig_compile):
+    """torch.compile that notes where the script compiles, is a no-op on an eager reference, and counts every
+    graph on the target, whichever backend the script names, and once: the harness's own compile
+    (Module.compile calls torch.compile) already passes its counter."""
     def compile_(model=None, *args, **kwargs):
         if not state.harness_compiles:
             state.script_compiles.append(_caller_outside_torch(torch))
-        if spec.side != "target" and not here.compiles:
+        if state.spec.side != "target" and not here.compiles:
             if model is None:
                 return lambda m: m
             return model
-        # Every graph the script compiles on the target is counted, whichever backend it names, and once:
-        # the harness's own compile (Module.compile calls torch.compile) already passes its counter.
         if isinstance(kwargs.get("backend"), GraphCounter):
             pass
         elif "backend" in kwargs:
@@ -211,14 +248,7 @@ def _install(state: _State, torch, here) -> dict:
         else:
             kwargs["backend"] = state.compiled_graphs
         return orig_compile(model, *args, **kwargs) if model is not None else orig_compile(*args, **kwargs)
-
-    torch.autograd.backward = backward
-    torch.nn.Module.__call__ = call
-    torch.compile = compile_
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    originals["step_hook"] = register_optimizer_step_post_hook(optimizer_step)
-    return originals
+    return compile_
 
 
 def _capture(state: _State, torch, root, args, kwargs, target) -> None:
@@ -283,15 +313,14 @@ def _why_no_gradients(state: _State) -> str | None:
 
 def observe(spec: ChildSpec, progress) -> dict:
     """Runs the script on this side and returns what was seen (``script_problem`` when the side cannot run)."""
-    from .script import inspect_script
-
-    info = inspect_script(spec.script)
-    result: dict = {"convention": "training", "notes": []}
-    side = SideResult()
     import torch
 
     from conformance.target import TargetError, resolve_target
 
+    from .script import inspect_script
+
+    device_option = inspect_script(spec.script).device_option
+    result: dict = {"convention": "training", "notes": []}
     try:
         # The reference side never resolves the target: that would register the neuron device here.
         if spec.side == "target":
@@ -304,9 +333,27 @@ def observe(spec: ChildSpec, progress) -> dict:
     if here.kind == "cpu":
         _patch_accelerator_for_cpu(torch)
     result["manifest"] = here.manifest()
-    device = str(here.device)
     state = _State(spec, progress)
-    sys.argv = [spec.script, *_script_args(spec, device, info.device_option)]
+    side = SideResult()
+    trace, draws = _run_script(spec, here, state, side, device_option, progress)
+    _side_observations(here, state, side, draws)
+    if spec.side == "target":
+        _target_observations(here, state, side, trace, draws, result)
+        if state.snapshot is not None:
+            _compare_snapshot(spec, here, state, side, result, progress)
+    result["side"] = spec.side
+    result[spec.side] = side.to_dict()
+    result["notes"] += state.notes
+    return result
+
+
+def _run_script(spec: ChildSpec, here, state: _State, side: SideResult, device_option: str | None, progress):
+    """Runs the script as ``__main__`` with the recording hooks installed (and removed after), perturbed and
+    drawing the reference's numbers where the spec asks; the script's failure is ``side.error``. Returns the
+    op trace and the draws."""
+    import torch
+
+    sys.argv = [spec.script, *_script_args(spec, str(here.device), device_option)]
     sys.path.insert(0, os.path.dirname(spec.script))
     if here.compiles and here.is_emulated:
         from emulator import compile_backend
@@ -315,9 +362,8 @@ def observe(spec: ChildSpec, progress) -> dict:
     state.compiled_graphs = GraphCounter(here.compile_backend(), on_graph=state.note_graph)
     state.counters.append(state.compiled_graphs)
     originals = _install(state, torch, here)
-    start = time.perf_counter()
+    state.started = time.perf_counter()
     progress(side=spec.side, phase="run")
-    stopped = False
     here.peak_memory(reset=True)
     perturb = contextlib.nullcontext()
     if spec.perturb_seed is not None and spec.precision:
@@ -329,7 +375,7 @@ def observe(spec: ChildSpec, progress) -> dict:
         try:
             runpy.run_path(spec.script, run_name="__main__")
         except StopScript:
-            stopped = True
+            state.stopped = True
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 side.error = {"type": "SystemExit", "message": f"the script exited with status {exc.code}",
@@ -338,73 +384,78 @@ def observe(spec: ChildSpec, progress) -> dict:
             side.error = error_info(exc, files=[spec.script], phase=_phase(state))
         finally:
             state.recording = False
-            torch.autograd.backward = originals["backward"]
-            torch.nn.Module.__call__ = originals["call"]
-            torch.compile = originals["compile"]
-            originals["step_hook"].remove()
-    side.seconds = time.perf_counter() - start
+            _uninstall(torch, originals)
+    side.seconds = time.perf_counter() - state.started
+    return tracker.trace, draws
+
+
+def _side_observations(here, state: _State, side: SideResult, draws) -> None:
+    """What either side records: whether it ran, its loss curve and step times, its steps, compiles, draws."""
+    from diff.curves import LossCurve
+
     side.ran = side.error is None
     side.fingerprints = state.fingerprints
     losses, times = state.curve()
     if losses:
-        first = state.first_call_time or start
-        stamps = [first, *times]
+        stamps = [state.first_call_time or state.started, *times]
         steps = [b - a for a, b in zip(stamps, stamps[1:])]
-        from diff.curves import LossCurve
-
         side.curve = LossCurve(label=here.describe(), losses=tuple(losses), step_seconds=tuple(steps)).to_dict()
-    side.extra["stopped_at_steps"] = stopped
+    side.extra["stopped_at_steps"] = state.stopped
     side.extra["steps"] = {"optimizer": state.optimizer_steps, "backward": len(state.micro_losses)}
     side.extra["script_compiles"] = list(dict.fromkeys(state.script_compiles))
     side.extra["draws"] = draws.log.to_dict()
     side.extra["model"] = {"class": state.root_type} if state.root_type else None
-    if spec.side == "target":
-        from diff.precision import model_for
 
-        trace = tracker.trace
-        result["precision_model"] = model_for(here).to_dict()
-        result["own_random_stream"] = here.own_random_stream is not None
-        side.extra["fallback_ops"] = list(trace.fallback) if trace else []
-        side.extra["executed_ops"] = len(trace.executed) if trace else None
-        side.extra["random_ops"] = list(dict.fromkeys(draws.log.draws[i].op for i in draws.log.on_device))
-        side.extra["device_memory_peak"] = here.peak_memory()  # evidence of use where ops are not tracked
-        side.extra["accelerate"] = _accelerate_state()
-        side.extra["placement"] = state.root_scan or {"cpu_state": [], "plain_tensors": []}
-        side.extra["wide_tensors"] = state.wide
-        if here.compiles or state.script_compiles:
-            side.extra["compile"] = {**compile_observations(state.graphs_seen, emulated=here.is_emulated),
-                                     "graphs": sum(c.graphs for c in state.counters)}
-        why = _why_no_gradients(state)
-        if why:
-            result["gradients_not_compared"] = why
-        if state.autocast:
-            result["notes"].append(f"the compared call ran under autocast ({state.autocast}); the layer "
-                                   "comparison runs it so on both sides")
-        if state.snapshot is not None:
-            progress(side="target", phase="localize")
-            grad = _upstream_gradient(state.grad_output, state.output_sizes)
-            args, kwargs = state.inputs
-            reference = resolve_target("cpu")
-            try:
-                with _autocast(state.autocast, ("cpu", here.device.type)):
-                    result.update(localization_observations(state.snapshot, args, kwargs, target=here,
-                                                            reference=reference, grad_output=grad,
-                                                            files=[spec.script]))
-            except Exception as exc:  # noqa: BLE001 - localisation is evidence, never a reason to lose the run
-                result["localization_error"] = error_info(exc, files=[spec.script])["message"]
-            if here.compiles and side.error is None:
-                # The compiled model's outputs (and gradients) against the eager reference, as in the
-                # functions convention: a compiler bug is a numerics finding, not a loss-curve wobble.
-                from .functions import compiled_check
 
-                progress(side="target", phase="compile")
-                with _autocast(state.autocast, ("cpu", here.device.type)):
-                    result["compiled"] = compiled_check(state.snapshot, args, kwargs, target=here,
-                                                        reference=reference, grad_output=grad, files=[spec.script])
-    result["side"] = spec.side
-    result[spec.side] = side.to_dict()
-    result["notes"] += state.notes
-    return result
+def _target_observations(here, state: _State, side: SideResult, trace, draws, result: dict) -> None:
+    """What only the target records: its precision model and random stream, host fallbacks, device memory,
+    placement, 64-bit tensors, graphs, and why gradients were not compared."""
+    from diff.precision import model_for
+
+    result["precision_model"] = model_for(here).to_dict()
+    result["own_random_stream"] = here.own_random_stream is not None
+    side.extra["fallback_ops"] = list(trace.fallback) if trace else []
+    side.extra["executed_ops"] = len(trace.executed) if trace else None
+    side.extra["random_ops"] = list(dict.fromkeys(draws.log.draws[i].op for i in draws.log.on_device))
+    side.extra["device_memory_peak"] = here.peak_memory()  # evidence of use where ops are not tracked
+    side.extra["accelerate"] = _accelerate_state()
+    side.extra["placement"] = state.root_scan or {"cpu_state": [], "plain_tensors": []}
+    side.extra["wide_tensors"] = state.wide
+    if here.compiles or state.script_compiles:
+        side.extra["compile"] = {**compile_observations(state.graphs_seen, emulated=here.is_emulated),
+                                 "graphs": sum(c.graphs for c in state.counters)}
+    why = _why_no_gradients(state)
+    if why:
+        result["gradients_not_compared"] = why
+    if state.autocast:
+        result["notes"].append(f"the compared call ran under autocast ({state.autocast}); the layer "
+                               "comparison runs it so on both sides")
+
+
+def _compare_snapshot(spec: ChildSpec, here, state: _State, side: SideResult, result: dict, progress) -> None:
+    """The captured model call, localised layer by layer against the CPU and, under a compile target, its
+    compiled outputs and gradients against the eager reference."""
+    from conformance.target import resolve_target
+
+    progress(side="target", phase="localize")
+    grad = _upstream_gradient(state.grad_output, state.output_sizes)
+    args, kwargs = state.inputs
+    reference = resolve_target("cpu")
+    try:
+        with _autocast(state.autocast, ("cpu", here.device.type)):
+            result.update(localization_observations(state.snapshot, args, kwargs, target=here, reference=reference,
+                                                    grad_output=grad, files=[spec.script]))
+    except Exception as exc:  # noqa: BLE001 - localisation is evidence, never a reason to lose the run
+        result["localization_error"] = error_info(exc, files=[spec.script])["message"]
+    if here.compiles and side.error is None:
+        # The compiled model's outputs (and gradients) against the eager reference, as in the
+        # functions convention: a compiler bug is a numerics finding, not a loss-curve wobble.
+        from .functions import compiled_check
+
+        progress(side="target", phase="compile")
+        with _autocast(state.autocast, ("cpu", here.device.type)):
+            result["compiled"] = compiled_check(state.snapshot, args, kwargs, target=here, reference=reference,
+                                                grad_output=grad, files=[spec.script])
 
 
 def _caller_outside_torch(torch) -> str:
