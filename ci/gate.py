@@ -1,6 +1,6 @@
 """The gate: did anything that used to work stop working in this build?
 
-    compare the build with its baseline        (ci.compare: one verdict per case)
+    compare the build with its baseline        (ci.baseline: one verdict per case)
     -> known failures become xfail / xpass     (ci.expectations)
     -> each regression is rerun up to K times  (runner.supervisor, fresh=True: a process each;
        in fresh processes; one pass: flaky      the first pass ends a case's reruns)
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from conformance.outcome import Status
 from runner.supervisor import Job, Supervisor, TransportError
 
-from .compare import CaseChange, Comparison, Verdict, compare_builds
+from .baseline import BuildComparison, CaseChange, Verdict, compare_builds
 from .expectations import Expectations
 from .hooks import Hooks
 from .reruns import settings_for_build, slug
@@ -52,7 +52,7 @@ class GateOptions:
 class GateReport:
     build: object  # results.store.BuildInfo
     baseline: object
-    comparison: Comparison
+    comparison: BuildComparison
     options: GateOptions
     results: str  # the results folder
     notes: list[str] = field(default_factory=list)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from runner.reporters import junit_document, junit_result, junit_testcase, write_junit, xml_text
 
-from .compare import Verdict
+from .baseline import Verdict
 from .report import display_path
 
 FAILURE = (Verdict.REGRESSION, Verdict.MISSING)

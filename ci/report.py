@@ -16,7 +16,7 @@ from pathlib import Path
 
 from results.groups import Failure, group_failures
 
-from .compare import Verdict
+from .baseline import Verdict
 
 LABELS = {
     Verdict.REGRESSION: "REGRESSION",

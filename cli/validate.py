@@ -242,7 +242,7 @@ def cmd_compare(args) -> int:
 
     from rich.console import Console
 
-    from validate.compare import ReportError, diff_reports, load_report, print_diff
+    from validate.report_diff import ReportError, diff_reports, load_report, print_diff
 
     try:
         old, new = load_report(args.old), load_report(args.new)

@@ -9,7 +9,7 @@ included) are shown through ``<img>``, where a script inside them cannot run.
 
 Sections: the headline (op x dtype pass rate; architectures passing
 forward, backward and training, per family), regressions and fixes against
-a baseline (through ci.compare, so the dashboard and the gate agree), the
+a baseline (through ci.baseline, so the dashboard and the gate agree), the
 trend over every build in the store, the op x dtype matrix, the model-family
 table, the most common errors, grouped, the failing cases with links to
 their reproducers, and the loss curves.
@@ -308,7 +308,7 @@ def _scripts(store, build_id: str, copier: _Copier) -> list[ScriptRow]:
 
 
 def collect(store, *, build: str, baseline: str | None, out: Path) -> Page:
-    from ci.compare import compare_builds, flaky_from_reruns
+    from ci.baseline import compare_builds, flaky_from_reruns
 
     info = store.build(build)
     base = store.build(baseline) if baseline else None

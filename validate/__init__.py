@@ -17,7 +17,7 @@ an unchanged training script's), which make observations with ``probes``
 and ``diff.localize``; ``checks`` turns observations into findings,
 ``explain`` weighs numerics differences the target makes by design,
 ``verdict`` adds them up; ``report`` writes the terminal summary,
-report.json and report.html; ``compare`` diffs two reports. A whole check is
+report.json and report.html; ``report_diff`` diffs two reports. A whole check is
 a case of kind ``script`` too (``neuron-conformance scripts DIR``).
 ``zoo_curves`` asks the loss-curve question of a zoo model instead
 (``neuron-conformance curves``).

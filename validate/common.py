@@ -84,7 +84,7 @@ class ChildSpec:
 
 
 @dataclass(kw_only=True)
-class SideResult:
+class SideObservations:
     """One side's observations (see checks.py for what each key means)."""
 
     ran: bool = False

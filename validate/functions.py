@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .common import ChildSpec, ScriptProblem, SideResult, localization_observations
+from .common import ChildSpec, ScriptProblem, SideObservations, localization_observations
 from .probes import compile_observations, error_info, fingerprint, named_inputs, placement_scan, wide_tensors
 
 MODULE_NAME = "neuron_validate_user_script"
@@ -176,7 +176,7 @@ def _observe(spec: ChildSpec, result: dict, progress) -> None:
     # 1. Does it run on the reference? A failure here is the script's problem.
     progress(side="reference", phase="forward")
     ref_side, steps = _check_reference(spec, script, reference, result)
-    tgt_side = SideResult(fingerprints=dict(ref_side.fingerprints))
+    tgt_side = SideObservations(fingerprints=dict(ref_side.fingerprints))
     with target.track_ops() as tracker:
         # 2. Does it compute the same thing on the target, and where does it first go wrong?
         _compare_on_target(script, target, reference, tgt_side, result, progress)
@@ -209,7 +209,7 @@ def _load_script(path: str, result: dict) -> _Script:
                    inputs_from=inputs_from)
 
 
-def _check_reference(spec: ChildSpec, script: _Script, reference, result: dict) -> tuple[SideResult, int]:
+def _check_reference(spec: ChildSpec, script: _Script, reference, result: dict) -> tuple[SideObservations, int]:
     """Runs the model on the reference (a failure is the script's problem) and checks its loss; returns the
     reference's side and the training steps (0, and ``script.loss`` None, when no loss can be trained)."""
     start = time.perf_counter()
@@ -230,7 +230,7 @@ def _check_reference(spec: ChildSpec, script: _Script, reference, result: dict) 
             raise ScriptProblem(f"--steps {spec.steps}: no loss curve can be trained: {problem}")
         result["notes"].append(f"gradients and loss curves skipped: {problem}")
         script.loss, steps = None, 0
-    side = SideResult(ran=True, seconds=time.perf_counter() - start)
+    side = SideObservations(ran=True, seconds=time.perf_counter() - start)
     side.fingerprints = {"parameters": fingerprint(script.model.state_dict().values()),
                          "inputs": fingerprint(t for _, t in named_inputs(script.args, script.kwargs))}
     return side, steps
@@ -255,7 +255,7 @@ def _loss_problem(script: _Script) -> str | None:
     return None
 
 
-def _compare_on_target(script: _Script, target, reference, tgt_side: SideResult, result: dict, progress) -> None:
+def _compare_on_target(script: _Script, target, reference, tgt_side: SideObservations, result: dict, progress) -> None:
     """The localisation (layers, then ATen ops) and, under a compile target, the compiled check."""
     progress(side="target", phase="localize")
     start = time.perf_counter()
@@ -277,8 +277,8 @@ def _compare_on_target(script: _Script, target, reference, tgt_side: SideResult,
     tgt_side.seconds = time.perf_counter() - start
 
 
-def _train_curves(spec: ChildSpec, script: _Script, steps: int, target, reference, ref_side: SideResult,
-                  tgt_side: SideResult, result: dict, progress) -> None:
+def _train_curves(spec: ChildSpec, script: _Script, steps: int, target, reference, ref_side: SideObservations,
+                  tgt_side: SideObservations, result: dict, progress) -> None:
     """Both sides' loss curves, and the band's perturbed reference trainings; a target that fails to train
     is its side's error."""
     from diff.curves import NOISE_RUNS as CURVE_NOISE_RUNS
@@ -312,7 +312,7 @@ def _train_curves(spec: ChildSpec, script: _Script, steps: int, target, referenc
         tgt_side.ran = False
 
 
-def _target_facts(script: _Script, target, trace, tgt_side: SideResult, result: dict) -> None:
+def _target_facts(script: _Script, target, trace, tgt_side: SideObservations, result: dict) -> None:
     """What the target's run shows besides its numbers: host fallbacks, placement, 64-bit tensors, graphs."""
     from diff.sides import side_model
 

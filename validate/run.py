@@ -107,7 +107,7 @@ def _describe_failure(outcome: Outcome, last: dict) -> str:
     return f"{outcome.message} {during}"
 
 
-def observe(options: ValidateOptions, on_progress: ProgressFn | None = None) -> dict:
+def run_sides(options: ValidateOptions, on_progress: ProgressFn | None = None) -> dict:
     """Runs the sides and returns the merged observations; ScriptProblem for the script's own faults."""
     import time
 
@@ -357,7 +357,7 @@ def validate_script(options: ValidateOptions, *, target, reference, on_progress:
     ``target`` and ``reference`` are the resolved conformance.target.Targets (for labels and manifests).
     """
     case = script_case(options)
-    obs = observe(options, on_progress)
+    obs = run_sides(options, on_progress)
     ctx = CheckContext(target=target.describe(), reference=reference.describe(), device=target.device.type,
                        mode=options.mode, emulated=target.is_emulated, curve_tolerance=options.curve_tolerance)
     findings = run_checks(obs, ctx)

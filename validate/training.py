@@ -37,7 +37,7 @@ import weakref
 
 from conformance.target import GraphCounter
 
-from .common import ChildSpec, SideResult, localization_observations
+from .common import ChildSpec, SideObservations, localization_observations
 from .probes import compile_observations, error_info, fingerprint, named_inputs, placement_scan, wide_tensors
 
 
@@ -334,7 +334,7 @@ def observe(spec: ChildSpec, progress) -> dict:
         _patch_accelerator_for_cpu(torch)
     result["manifest"] = here.manifest()
     state = _State(spec, progress)
-    side = SideResult()
+    side = SideObservations()
     trace, draws = _run_script(spec, here, state, side, device_option, progress)
     _side_observations(here, state, side, draws)
     if spec.side == "target":
@@ -347,7 +347,7 @@ def observe(spec: ChildSpec, progress) -> dict:
     return result
 
 
-def _run_script(spec: ChildSpec, here, state: _State, side: SideResult, device_option: str | None, progress):
+def _run_script(spec: ChildSpec, here, state: _State, side: SideObservations, device_option: str | None, progress):
     """Runs the script as ``__main__`` with the recording hooks installed (and removed after), perturbed and
     drawing the reference's numbers where the spec asks; the script's failure is ``side.error``. Returns the
     op trace and the draws."""
@@ -389,7 +389,7 @@ def _run_script(spec: ChildSpec, here, state: _State, side: SideResult, device_o
     return tracker.trace, draws
 
 
-def _side_observations(here, state: _State, side: SideResult, draws) -> None:
+def _side_observations(here, state: _State, side: SideObservations, draws) -> None:
     """What either side records: whether it ran, its loss curve and step times, its steps, compiles, draws."""
     from diff.curves import LossCurve
 
@@ -407,7 +407,7 @@ def _side_observations(here, state: _State, side: SideResult, draws) -> None:
     side.extra["model"] = {"class": state.root_type} if state.root_type else None
 
 
-def _target_observations(here, state: _State, side: SideResult, trace, draws, result: dict) -> None:
+def _target_observations(here, state: _State, side: SideObservations, trace, draws, result: dict) -> None:
     """What only the target records: its precision model and random stream, host fallbacks, device memory,
     placement, 64-bit tensors, graphs, and why gradients were not compared."""
     from diff.precision import model_for
@@ -432,7 +432,7 @@ def _target_observations(here, state: _State, side: SideResult, trace, draws, re
                                "comparison runs it so on both sides")
 
 
-def _compare_snapshot(spec: ChildSpec, here, state: _State, side: SideResult, result: dict, progress) -> None:
+def _compare_snapshot(spec: ChildSpec, here, state: _State, side: SideObservations, result: dict, progress) -> None:
     """The captured model call, localised layer by layer against the CPU and, under a compile target, its
     compiled outputs and gradients against the eager reference."""
     from conformance.target import resolve_target

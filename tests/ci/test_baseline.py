@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from ci.compare import Verdict, classify, compare_builds
+from ci.baseline import Verdict, classify, compare_builds
 from ci.expectations import load_expectations
 from ci.gate import GateOptions, run_gate
 from ci.hooks import Hooks

@@ -57,7 +57,7 @@ class CaseChange:
 
 
 @dataclass(slots=True, kw_only=True)
-class Comparison:
+class BuildComparison:
     build: str
     baseline: str
     changes: list[CaseChange] = field(default_factory=list)
@@ -115,7 +115,7 @@ def classify(baseline: Status | None, current: Status | None, known: KnownFailur
 DETAILED = (Verdict.REGRESSION, Verdict.FIXED, Verdict.XPASS, Verdict.XFAIL, Verdict.NEW_FAILURE, Verdict.MISSING)
 
 
-def compare_builds(store, build: str, baseline: str, *, expectations: Expectations | None = None) -> Comparison:
+def compare_builds(store, build: str, baseline: str, *, expectations: Expectations | None = None) -> BuildComparison:
     """Every case of either build with its verdict; cases worth a line carry their message and reproducer."""
     store.build(build)
     store.build(baseline)
@@ -125,7 +125,7 @@ def compare_builds(store, build: str, baseline: str, *, expectations: Expectatio
     old = {r.case_id: r for r in store.statuses(baseline)}
     for old_id, now in _renamed_model_cases(store, baseline, old, new).items():
         old[now] = old.pop(old_id)
-    comparison = Comparison(build=build, baseline=baseline)
+    comparison = BuildComparison(build=build, baseline=baseline)
     for case_id in dict.fromkeys([*new, *old]):
         row = new.get(case_id) or old[case_id]
         source = build if case_id in new else baseline
@@ -170,7 +170,7 @@ def _renamed_model_cases(store, baseline: str, old: dict, new: dict) -> dict[str
     return renamed
 
 
-def flaky_from_reruns(comparison: Comparison, reruns: dict) -> None:
+def flaky_from_reruns(comparison: BuildComparison, reruns: dict) -> None:
     """Marks regressions that passed on a recorded rerun as flaky (the dashboard's view of the gate's reruns)."""
     for change in comparison.of(Verdict.REGRESSION):
         attempts = reruns.get(change.case_id, [])
