@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+from torch.utils._pytree import tree_leaves, tree_map
 
 from conformance.target import Compiled
 from diff.sides import to_device
@@ -181,6 +181,11 @@ def run_compiled_batch(op, rule: OpRule, samples, parts: dict[int, Any], *, back
     return results, report
 
 
+def _detached(parts):
+    """The sample's inputs cut from autograd: a forward batch hands the compiler an inference graph."""
+    return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, parts)
+
+
 def _graph_break(exc: BaseException) -> bool:
     import torch._dynamo.exc as dynamo_exc
 
@@ -191,32 +196,18 @@ def _compile_group(op, rule: OpRule, samples, parts: dict[int, Any], group: list
                    seeds: dict[int, int]) -> dict[int, SideResult] | BaseException:
     """One graph for the group's samples (fullgraph), then each sample's output processed (and, backward,
     all gradients in one pass: the samples share no input). The exception when the batch fails."""
-    fns, templates, specs, slots, tensors = [], [], [], [], []
-    for i in group:
-        fns.append(op_callable(op, sample_variant(samples[i])))
-        leaves, spec = tree_flatten(parts[i])
-        templates.append(leaves)
-        specs.append(spec)
-        positions = [k for k, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-        slots.append(positions)
-        tensors += [leaves[k] for k in positions]
+    # The samples' inputs go in as they are, nested: dynamo wraps them as graph inputs, and traces nothing but
+    # the ops (unflattening them inside the traced function cost it as much as the ops themselves).
+    fns = [op_callable(op, sample_variant(samples[i])) if sample_variant(samples[i]) else getattr(op, "op", op)
+           for i in group]  # OpInfo.__call__ calls its op: the op itself is one frame fewer to trace
+    inputs = [parts[i] if backward else _detached(parts[i]) for i in group]
 
-    def batch(*flat):
-        outs, taken = [], 0
-        for fn, leaves, spec, positions in zip(fns, templates, specs, slots):
-            leaves = list(leaves)
-            for k in positions:
-                leaves[k] = flat[taken]
-                taken += 1
-            inp, args, kwargs = tree_unflatten(leaves, spec)
-            outs.append(fn(inp, *args, **kwargs))
-        return outs
+    def batch(all_parts):
+        return [fn(inp, *args, **kwargs) for fn, (inp, args, kwargs) in zip(fns, all_parts)]
 
-    if not backward:  # no autograd graph to trace: the compiler gets an inference graph, far cheaper to build
-        tensors = [t.detach() for t in tensors]
     compiled = target.compile(batch, fullgraph=True)
     try:
-        raw = compiled(*tensors)
+        raw = compiled(inputs)
         target.synchronize()
     except Exception as exc:  # noqa: BLE001 - the caller bisects or falls back
         return exc
