@@ -194,7 +194,8 @@ def set_faults(faults: str | list[Fault] | None) -> list[Fault]:
 
     _require_registered()
     parsed = parse_faults(faults) if isinstance(faults, str) or faults is None else list(faults)
-    kernel = [f for f in parsed if not f.collective]  # collectives' faults live in the process group
+    # Collectives' faults live in the process group, the compiler's in the compile backend.
+    kernel = [f for f in parsed if not f.collective and f.mode != "compiler"]
     if kernel:
         torch.ops.neuron_emulator.mirror_ops_matching([f.op for f in kernel])
     active = iter(torch.ops.neuron_emulator.set_faults(
@@ -207,7 +208,8 @@ def set_faults(faults: str | list[Fault] | None) -> list[Fault]:
         [f.mode for f in kernel],
     ))
     _faults = parsed
-    _active_faults = [random.random() < f.probability if f.collective else next(active) for f in parsed]
+    _active_faults = [random.random() < f.probability if f.collective or f.mode == "compiler" else next(active)
+                      for f in parsed]
     _break_host_kernels([f for f, on in zip(parsed, _active_faults) if on and f.host])
     return [f for f, on in zip(parsed, _active_faults) if on]
 

@@ -18,6 +18,10 @@ reproducer checks and shrinking reuse what the run compiled. Nothing is kept
 across builds: each build has its own folder. :data:`compile_stats` counts
 compilations and cache hits in this process.
 
+Faults given with ``mode=compiler`` (emulator/faults.py) strike in the compiler itself, as it compiles a
+graph that holds their op: it raises, dies (SIGSEGV, SIGABRT) or never returns, as a broken neuronx-cc would,
+so that the harness's handling of a compiler that fails on one graph can be tested for real.
+
 When torch_neuronx is installed this entry point hands the graph to the real
 backend's own compiler instead.
 """
@@ -161,7 +165,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             )
         )
 
-    def compiler(graph: torch.fx.GraphModule, inputs):
+    def compiler(graph: torch.fx.GraphModule, inputs, phase: str):
+        _compiler_faults(graph, phase)
         _compile_latency(graph, inputs)
 
         def run(*args):
@@ -175,4 +180,44 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
         return make_boxed_func(run)
 
-    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)(gm, example_inputs)
+    return aot_autograd(fw_compiler=lambda g, i: compiler(g, i, "forward"),
+                        bw_compiler=lambda g, i: compiler(g, i, "backward"))(gm, example_inputs)
+
+
+class CompilerError(RuntimeError):
+    """The emulated compiler failed on a graph (a ``raise@OP,mode=compiler`` fault)."""
+
+
+def _compiler_faults(graph: torch.fx.GraphModule, phase: str) -> None:
+    """Strikes the ``mode=compiler`` faults whose op the graph holds (and whose phase and dtype match)."""
+    import fnmatch
+
+    import emulator
+    from emulator.faults import host_kernel
+
+    faults = [f for f in emulator.active_faults() if f.mode == "compiler" and f.phase in ("any", phase)]
+    if not faults:
+        return
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or not hasattr(node.target, "_schema"):
+            continue
+        name = node.target._schema.name  # "aten::tanh"
+        for fault in faults:
+            if fnmatch.fnmatchcase(name, fault.op) and (not fault.dtype or fault.dtype in _node_dtypes(node)):
+                if fault.kind == "raise":
+                    raise CompilerError(f"neuron compiler: internal error compiling {name} (injected fault)")
+                host_kernel(fault.kind)()
+
+
+def _node_dtypes(node) -> set[str]:
+    """The dtypes of a graph node's tensor arguments ("float64" for a Python float: the dispatcher's own)."""
+    from torch.utils._pytree import tree_leaves
+
+    found = set()
+    for arg in tree_leaves((node.args, node.kwargs)):
+        value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+        if isinstance(value, torch.Tensor):
+            found.add(str(value.dtype).removeprefix("torch."))
+        elif type(value) is float:
+            found.add("float64")
+    return found

@@ -17,6 +17,8 @@ them) or through :func:`emulator.set_faults`::
     host_fallback@aten::gelu             runs on the host silently (tracked, no warning)
     host_output@aten::relu               outputs come back as CPU tensors
     perturb@aten::tanh,rel=0.005,mode=compile   only inside compiled graphs
+    crash@aten::tanh,mode=compiler       the compiler itself dies (also: abort, hang, raise) while compiling a graph
+                                         that holds the op; the op's kernels are untouched
     hog@aten::mm,mb=8192                 the kernel allocates (and touches) an 8 GiB workspace
     crash@aten::sort,host=1              the host's own (CPU) kernel crashes too: a bug in a library
                                          both sides share, which the reference cannot survive either
@@ -34,7 +36,8 @@ Collectives of the ``neuron`` process group (process_group.py) are named ``c10d:
     hang@c10d::allreduce,rank=0          the collective never returns on rank 0
 
 Keys: ``rel`` (perturb), ``mb`` (hog), ``rank`` (collectives: only on that rank), ``mode`` (any | eager | compile: only in eager code, or only
-inside graphs ``torch.compile(backend="neuron")`` built: a compiler's bug), ``host`` (crash, abort, hang: 1 breaks the
+inside graphs ``torch.compile(backend="neuron")`` built: a compiler's bug; compiler: in the compiler, as it compiles
+a graph that holds the op; raise, crash, abort or hang only), ``host`` (crash, abort, hang: 1 breaks the
 CPU kernel of that exact op too), ``phase`` (any | forward | backward), ``dtype``
 (only when an input has this dtype, e.g. ``float32``), ``p`` (probability
 that the fault is active in a process: a flaky fault).
@@ -64,7 +67,8 @@ FAULT_KINDS = {
 COLLECTIVE_KINDS = ("drop", "wrong_op", "stale", "offset")
 COLLECTIVE_PREFIX = "c10d::"
 PHASES = ("any", "forward", "backward")
-MODES = ("any", "eager", "compile")
+MODES = ("any", "eager", "compile", "compiler")
+COMPILER_KINDS = ("raise", "crash", "abort", "hang")  # what mode=compiler can do to the compiler
 HOST_KINDS = ("crash", "abort", "hang")
 
 
@@ -105,6 +109,8 @@ class Fault:
         if self.kind in COLLECTIVE_KINDS and not self.collective:
             raise FaultSpecError(f"{self.kind}@{self.op}: a {self.kind} fault breaks a collective; name one as "
                                  "c10d::allreduce, c10d::all_gather, ...")
+        if self.mode == "compiler" and self.kind not in COMPILER_KINDS:
+            raise FaultSpecError(f"{self.kind}@{self.op},mode=compiler: a compiler can {', '.join(COMPILER_KINDS)}")
         if self.host and (self.kind not in HOST_KINDS or any(c in self.op for c in "*?[")):
             raise FaultSpecError(f"host=1 with {self.kind}@{self.op}: only {', '.join(HOST_KINDS)} of one exact op "
                                  "(e.g. crash@aten::sort) can break the host's kernel")

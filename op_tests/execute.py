@@ -13,8 +13,8 @@ does not match at once.
 from __future__ import annotations
 
 import dataclasses
-
 import functools
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_leaves
 
 from conformance.case import Case
 from conformance.host_copies import HostCopies, HostExecution, watch_host_copies
+from conformance.journal import CaseJournal
 from conformance.outcome import Outcome, Status
 from conformance.target import EAGER_UNDER_COMPILE
 from diff.judge import Judge, classify_error
@@ -32,6 +33,7 @@ from diff.precision import PrecisionModel, model_for, perturbed_runs
 from diff.sides import to_device
 from diff.tolerances import TolerancePolicy
 from runner.executors import Executor
+from runner.worker import CRASH_DIR_ENV
 
 from .causes import case_cause, sample_facts
 from .families import FamilyNotApplicable
@@ -136,6 +138,8 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     host = HostCopies()
     batch = BatchReport()
     compiler_before = _compiler_stats(target)
+    # Compile targets: each batch is journaled, so a compiler that kills the worker costs its samples, not the case.
+    journal = CaseJournal(os.environ.get(CRASH_DIR_ENV), case.id) if target.compiles else None
     with target.track_ops() as tracker:
         prepared = []  # (index, sample, seed, generated inputs, the target's inputs, reference result)
         for i, sample in enumerate(samples):
@@ -166,7 +170,8 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             with watch_host_copies(watch, allowed=len(rule.cpu_arguments)) as seen, \
                     DrawWatch(target.own_random_stream) as drew:
                 compiled, batch = run_compiled_batch(op, rule, samples, runnable, backward=backward, target=target,
-                                                     seeds={i: seed for i, _, seed, *_ in prepared})
+                                                     seeds={i: seed for i, _, seed, *_ in prepared},
+                                                     journal=journal)
             host.add(seen)
             drew_in_batch = bool(drew)
             timer.add("target", t0)
@@ -194,8 +199,10 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             verdict = judge_sample(i, op, rule, sample, generated, ref, tgt, backward=backward, seed=seed,
                                    judge=judge, nondeterministic=nondeterministic)
             if i in compiled and i not in batch.alone and verdict.status not in (Status.PASS, Status.SKIP):
+                journal.begin([i])
                 verdict = _alone(op, rule, sample, generated, ref, verdict, i=i, seed=seed, backward=backward,
                                  target=target, judge=judge, nondeterministic=nondeterministic)
+                journal.end()
             if sample.name and verdict.status not in (Status.PASS, Status.SKIP):
                 verdict.message = f"{verdict.message} [{sample.name}]"
             if verdict.comparison:
@@ -219,6 +226,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     if compiled_graphs:
         outcome.evidence["compiled_graphs"] = compiled_graphs
     if target.compiles:
+        journal.close()
         outcome.evidence["compile"] = batch.to_dict()
         after = _compiler_stats(target)
         if after is not None and compiler_before is not None:  # the emulated compiler: what it compiled, reused
@@ -333,6 +341,8 @@ def judge_sample(i, op, rule, sample, parts, ref: SideResult, tgt: SideResult, *
         return SampleVerdict(index=i, status=Status.SKIP, message=ref.skipped or tgt.skipped)
     if ref.error is not None:
         return SampleVerdict(index=i, status=Status.SKIP, message=f"fails on the reference: {ref.error.splitlines()[0]}")
+    if tgt.crashed is not None:
+        return SampleVerdict(index=i, status=Status.CRASH, message=tgt.crashed)
     if tgt.error is not None:
         return SampleVerdict(index=i, status=classify_error(tgt.error, tgt.error_type), message=tgt.error.splitlines()[0])
     if tgt.graphs == 0:  # never a pass: the compiler was not tested
@@ -457,7 +467,7 @@ def _poison_free_memory(like) -> None:
     del blocks
 
 
-SEVERITY = (Status.MISMATCH, Status.ERROR, Status.UNSUPPORTED, Status.INCONCLUSIVE)
+SEVERITY = (Status.CRASH, Status.MISMATCH, Status.ERROR, Status.UNSUPPORTED, Status.INCONCLUSIVE)
 
 
 def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *, cached, host: HostCopies,

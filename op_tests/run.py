@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from conformance.journal import CaseJournal
 from conformance.target import Compiled
 from diff.sides import to_device
 
@@ -53,6 +54,7 @@ class SideResult:
     error_type: str | None = None
     skipped: str | None = None  # why this sample cannot be judged
     graphs: int | None = None  # compile targets: graphs compiled for this sample (0: it ran eagerly)
+    crashed: str | None = None  # compile targets: the compiler killed the worker on this sample alone (the death)
 
 
 def _cotangents(outputs: list[torch.Tensor], seed: int, device) -> list[torch.Tensor]:
@@ -144,29 +146,60 @@ class BatchReport:
     bisected: int = 0  # batches split because they failed to compile or raised
     alone: list[int] | None = None  # samples compiled in a graph of their own (graph breaks, bisection)
     fallback: str = ""  # why samples went to graphs of their own
+    crashed: list[int] | None = None  # samples whose compilation alone killed the worker (conformance/journal.py)
+    deaths: int = 0  # worker deaths this case resumed past
 
     def to_dict(self) -> dict:
         return {"graphs": self.graphs, "batches": self.batches or [], "bisected": self.bisected,
-                "alone": self.alone or [], "fallback": self.fallback}
+                "alone": self.alone or [], "fallback": self.fallback, "crashed": self.crashed or [],
+                "deaths": self.deaths}
 
 
 def run_compiled_batch(op, rule: OpRule, samples, parts: dict[int, Any], *, backward: bool, target,
-                       seeds: dict[int, int]) -> tuple[dict[int, SideResult], BatchReport]:
-    """The target side of the samples ``parts`` (index -> that side's inputs), compiled in batches."""
-    report = BatchReport(batches=[], alone=[])
+                       seeds: dict[int, int], journal: CaseJournal | None = None
+                       ) -> tuple[dict[int, SideResult], BatchReport]:
+    """The target side of the samples ``parts`` (index -> that side's inputs), compiled in batches.
+
+    ``journal``: each batch is written there before it compiles. A batch that killed the worker (a compiler
+    that segfaults) is split on the case's next run, down to the samples that kill it alone: each of those is
+    a ``crash`` of its own (the supervisor reruns a case that died with a batch in flight)."""
+    report = BatchReport(batches=[], alone=[], crashed=[])
     results: dict[int, SideResult] = {}
-    order = list(parts)
+    deaths = journal.crashed() if journal is not None else []
+    report.deaths = len(deaths)
+    for died, reason in deaths:
+        if len(died) == 1 and died[0] in parts:
+            i = died[0]
+            results[i] = SideResult(crashed=f"the compiler killed the worker ({reason}) on this sample in a graph "
+                                            "of its own")
+            report.crashed.append(i)
+            report.alone.append(i)  # it was compiled in a graph of its own, and died there
+    split = [set(died) for died, _ in deaths if len(died) > 1]
+    order = [i for i in parts if i not in results]
     pending = [order[k:k + MAX_SAMPLES_PER_GRAPH] for k in range(0, len(order), MAX_SAMPLES_PER_GRAPH)]
     while pending:
         group = pending.pop(0)
+        if len(group) > 1 and set(group) in split:  # this batch killed the worker before: halves
+            report.bisected += 1
+            half = len(group) // 2
+            pending[:0] = [group[:half], group[half:]]
+            continue
+        if journal is not None:
+            journal.begin(group)
         if len(group) == 1:
             i = group[0]
             results[i] = run_op(op, rule, samples[i], parts[i], backward=backward, device=target.device,
                                 seed=seeds[i], prepare=target.prepare)
             report.alone.append(i)
             report.graphs += results[i].graphs or 0
+            outcome = None
+        else:
+            outcome = _compile_group(op, rule, samples, parts, group, backward=backward, target=target,
+                                     seeds=seeds)
+        if journal is not None:
+            journal.end()
+        if outcome is None:
             continue
-        outcome = _compile_group(op, rule, samples, parts, group, backward=backward, target=target, seeds=seeds)
         if isinstance(outcome, dict):
             results.update(outcome)
             report.batches.append(len(group))

@@ -13,6 +13,9 @@ process per case):
 - **memory**: the worker's hard cap (``runner.worker``) turns a case that
   needs more memory than ``settings.rss_limit_mb`` into a ``crash`` saying so;
 - **replacement**: a dead, stopped or bloated worker is replaced and the run goes on;
+- **resumed steps**: a worker that dies while its case's journal (conformance/journal.py) names a step in
+  flight (a compiler that segfaults on one batch of samples) runs the case again, and the executor resumes
+  past that step; the samples that died alone are the case's ``crash``, the others are judged;
 - **reference probe**: after a crash, timeout or memory overrun another
   worker runs the case's reference side alone; when that dies, hangs or
   overruns too, the CPU reference is at fault and the case is a ``skip``
@@ -47,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Mapping
 
 from conformance.case import Case
+from conformance.journal import CaseJournal
 from conformance.outcome import Outcome, Status
 from conformance.settings import RunSettings
 from results.store import RETRIES_KEY  # evidence: [{"node", "reason", "during", "kind"}], the harness's retries
@@ -480,6 +484,9 @@ class Supervisor:
             yield job, Outcome(case_id=job.case.id, status=Status.CRASH, message=f"worker process died: {reason}",
                                evidence={**evidence, "sides_apart": pending.evidence.get("sides_apart")},
                                duration_s=elapsed)
+            return
+        if verb == "run" and CaseJournal(self._crash_dir, job.case.id).crashed_now(reason):
+            followups.appendleft((job, pending, "run"))  # the executor resumes past the step that died
             return
         if verb == "run":
             self._failed(job, Outcome(case_id=job.case.id, status=Status.CRASH,

@@ -63,3 +63,21 @@ def test_a_batch_that_raises_is_bisected_down_to_the_samples_responsible(tmp_pat
     assert len(statuses) == len(wide) and any(wide) and not all(wide)
     assert [s == "error" for s in statuses] == wide
     assert evidence["compile"]["bisected"] >= 1 and row["outcome"]["status"] == "error"
+
+
+def test_a_compiler_that_dies_on_one_sample_crashes_that_sample_and_one_that_hangs_times_out_its_case(tmp_path):
+    """Bad input, for real: the emulated compiler segfaults on graphs where addcmul takes a float64 (a Python
+    float ``value``: the second sample), and hangs on any graph with tanh. The worker dies twice on addcmul (the
+    batch, then the sample alone), and the case resumes past each death: one sample is a crash, the other
+    passes. tanh's case times out alone; sin's, in the same run, passes."""
+    env = {"NEURON_VALIDATE_FAULTS": "crash@aten::addcmul,mode=compiler,dtype=float64;hang@aten::tanh,mode=compiler"}
+    rows = _ops(tmp_path, "--ops", "addcmul,tanh,sin", "--families", "none", "--max-samples", "2",
+                "--emulator-profile", "exact", "--timeout", "60", "-j", "2", env=env)
+    by_op = {r["case"]["name"]: r["outcome"] for r in rows}
+    addcmul = by_op["addcmul"]
+    assert addcmul["status"] == "crash" and addcmul["evidence"]["sample_statuses"] == ["pass", "crash"]
+    assert "SIGSEGV" in addcmul["message"] and "graph of its own" in addcmul["message"]
+    compile = addcmul["evidence"]["compile"]
+    assert compile["crashed"] == [1] and compile["deaths"] == 2 and 1 in compile["alone"]
+    assert by_op["tanh"]["status"] == "timeout"
+    assert by_op["sin"]["status"] == "pass"
