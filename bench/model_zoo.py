@@ -24,7 +24,10 @@ Goals: a CI subset of at least 2,000 configurations within 15 minutes with
 2x the time of a plain case.
 
   5. ``--warm``: the same configurations again as a second build would run them, the reference
-     outputs from the reference cache the first run filled.
+     outputs from the reference cache the first run filled;
+  6. the hours for ``--project`` configurations on ``--nodes`` layouts at the measured rates;
+  7. ``--watch-cost N``: only where the target side's time goes on N configurations, in one
+     process: the target bare, inside the host-copy watch, and the CPU reference.
 
     python bench/model_zoo.py [--sample 2000] [--limit 200] [-j 2] [--overhead-configs 20] [--profile exact] [--warm]
     python bench/model_zoo.py --noise-floor 45 [--noise-profile neuron-2.27]
@@ -182,6 +185,47 @@ def noise_floor_cost(n: int, profile: str, tmp: str) -> None:
             print(f"     {verdict(plain[t]):<16} -> {verdict(floor[t]):<16} {t}: {floor[t][2][:140]}")
 
 
+def watch_cost(configs: list) -> None:
+    """Where a configuration's target side goes, in this process with one thread: the target run bare, the same
+    run inside the host-copy watch (the execution trace recorded, then read), and the CPU reference."""
+    import torch
+
+    import emulator
+    from model_zoo import build
+    from model_zoo.execute import run_side
+    from conformance.host_copies import watch_host_copies
+
+    emulator.register()
+    torch.set_num_threads(1)
+    device = torch.device("neuron")
+    totals = {"target bare": 0.0, "target watched": 0.0, "reference": 0.0}
+    worst: list[tuple[float, float, str]] = []
+    ran = 0
+    for cfg in configs:
+        try:
+            built = build(cfg)
+            run_side(built, cfg, device)  # first use of the model's classes and kernels is not the figure
+            t0 = time.perf_counter()
+            run_side(built, cfg, device)
+            t1 = time.perf_counter()
+            with watch_host_copies(True):
+                run_side(built, cfg, device)
+            t2 = time.perf_counter()
+            run_side(built, cfg, torch.device("cpu"))
+            t3 = time.perf_counter()
+        except Exception:  # noqa: BLE001 - the harness records these as skips/errors
+            continue
+        ran += 1
+        totals["target bare"] += t1 - t0
+        totals["target watched"] += t2 - t1
+        totals["reference"] += t3 - t2
+        worst.append((t2 - t1, t1 - t0, cfg.arch))
+    print(f"\n7. target side, {ran} configurations in one process, one thread (mean per configuration): "
+          + ", ".join(f"{k} {v / max(1, ran):.3f} s" for k, v in totals.items()))
+    for watched, bare, arch in sorted(worst, reverse=True)[:3]:
+        print(f"   slowest watched: {arch}: {watched:.2f} s watched, {bare:.2f} s bare")
+
+
 def project(total: int, per_core: float, warm_per_core: float | None, layouts: str) -> None:
     """Hours for ``total`` configurations on N nodes of M cores at the measured configurations per core-minute
     (one worker per core, as bench/scale.py measures the scale-out), cold and with a warm reference."""
@@ -204,6 +248,8 @@ def main() -> None:
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--overhead-configs", type=int, default=20, help="configs timed raw vs harness (0: skip)")
     parser.add_argument("--profile", default="exact")
+    parser.add_argument("--watch-cost", type=int, default=0, metavar="N",
+                        help="only the target side's cost, bare and inside the host-copy watch, on N configurations")
     parser.add_argument("--project", type=int, default=200_000, help="project this many configurations (0: no)")
     parser.add_argument("--nodes", default="1x2,4x32,8x32,16x32,32x32", help="NODESxCORES layouts to project")
     parser.add_argument("--warm", action="store_true",
@@ -225,6 +271,9 @@ def main() -> None:
     subset = model_zoo.sample_configs(args.sample, args.seed, families)
     archs = {model_zoo.get_entry(c.arch).architecture for c in subset}
     part = stratified_part(subset, args.limit)
+    if args.watch_cost:
+        watch_cost(stratified_part(part, args.watch_cost))
+        return
     print(f"CI subset: {len(subset)} configurations over {len(archs)} architectures "
           f"(--sample {args.sample} --seed {args.seed}); running {len(part)} with -j {args.jobs}, "
           f"profile {args.profile}, {os.cpu_count()} CPUs", flush=True)
@@ -239,7 +288,7 @@ def main() -> None:
         print("   time per configuration (summed over workers): "
               + ", ".join(f"{k} {v / max(1, len(part)):.2f} s" for k, v in sorted(totals.items())))
         print(f"   wall time x workers / the cases' own time: {wall * args.jobs / summary.case_seconds:.2f} "
-              f"(goal <= 1.2)")
+              f"(goal <= 1.2); load average at the end {os.getloadavg()[0]:.1f} (other processes share the cores)")
         print("   outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
         for line in findings[:30]:
             print(f"     {line}")
@@ -261,7 +310,8 @@ def main() -> None:
                   f"{warm_rate:.1f} configurations/min; wall x workers / own time "
                   f"{warm_wall * args.jobs / warm.case_seconds:.2f}; time per configuration: "
                   + ", ".join(f"{k} {v / max(1, len(part)):.2f} s" for k, v in sorted(warm_totals.items()))
-                  + f"; whole subset projected {len(subset) / warm_rate:.1f} min (goal: 10 min with -j 2)")
+                  + f"; whole subset projected {len(subset) / warm_rate:.1f} min (goal: 10 min with -j 2); load "
+                  f"average at the end {os.getloadavg()[0]:.1f}")
         if args.project:
             project(args.project, rate / args.jobs, warm_rate / args.jobs if warm_rate else None, args.nodes)
 
