@@ -5,7 +5,9 @@ executor that can isolate such a step (op cases compile their samples in batches
 step's samples here before it starts it and clears them after. When the worker dies with a step in flight,
 the supervisor records the death against those samples (:meth:`CaseJournal.crashed_now`) and runs the case
 again; the executor then splits a batch that died down to the samples responsible, and reports a sample that
-died alone as a ``crash`` of its own, judging every other sample as usual.
+died alone as a ``crash`` of its own, judging every other sample as usual. A worker that dies in a step of the
+CPU's own (the reference, its float64 golden, its reruns) died of the CPU: the case cannot be judged, whether
+or not the reference dies again when run alone (a kernel that reads uninitialised memory may not).
 
 The journal is a small JSON file per case in the run's crash folder (the supervisor's, shared with its
 workers); it is removed when the case completes. Where no folder is shared (a remote worker), nothing is
@@ -18,6 +20,7 @@ import json
 import os
 from pathlib import Path
 
+TARGET, CPU = "target", "cpu"  # kinds of step
 MAX_RESUMES = 12  # deaths of one case's worker resumed past; then the case's crash stands (a bisection of 48: 7)
 
 
@@ -45,14 +48,16 @@ class CaseJournal:
             pass
 
     # ---------------------------------------------------------------- the executor's side
-    def crashed(self) -> list[tuple[list[int], str]]:
-        """Steps that killed a worker before: (their samples, the death's reason)."""
-        return [(list(e["samples"]), e["reason"]) for e in self._state.get("crashed", [])]
+    def crashed(self, kind: str = TARGET) -> list[tuple[list[int], str]]:
+        """Steps of this kind that killed a worker before: (their samples, the death's reason)."""
+        return [(list(e["samples"]), e["reason"]) for e in self._state.get("crashed", [])
+                if e.get("kind", TARGET) == kind]
 
-    def begin(self, samples: list[int]) -> None:
-        """The step about to start, with the samples it runs."""
+    def begin(self, samples: list[int], kind: str = TARGET) -> None:
+        """The step about to start, with the samples it runs; ``kind``: TARGET (resumable) or CPU (the reference's
+        own step: a death there is the CPU's, never the target's)."""
         if self.path is not None:
-            self._state["in_flight"] = list(samples)
+            self._state["in_flight"] = {"samples": list(samples), "kind": kind}
             self._write()
 
     def end(self) -> None:
@@ -66,12 +71,17 @@ class CaseJournal:
             self.path.unlink(missing_ok=True)
 
     # ---------------------------------------------------------------- the supervisor's side
+    def in_flight(self) -> dict | None:
+        """The step the worker was in when it died: {"samples": [...], "kind": TARGET | CPU}, or None."""
+        step = self._state.get("in_flight")
+        return step if isinstance(step, dict) else None
+
     def crashed_now(self, reason: str) -> bool:
-        """The worker died: records the step in flight as crashed; True when the case should run again."""
-        in_flight = self._state.get("in_flight")
-        if in_flight is None or len(self._state.get("crashed", [])) >= MAX_RESUMES:
+        """The worker died in a target step: records it as crashed; True when the case should run again."""
+        step = self.in_flight()
+        if step is None or step["kind"] != TARGET or len(self._state.get("crashed", [])) >= MAX_RESUMES:
             return False
-        self._state.setdefault("crashed", []).append({"samples": in_flight, "reason": reason})
+        self._state.setdefault("crashed", []).append({**step, "reason": reason})
         self._state["in_flight"] = None
         self._write()
         return True

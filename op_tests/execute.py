@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_leaves
 
 from conformance.case import Case
 from conformance.host_copies import HostCopies, HostExecution, watch_host_copies
-from conformance.journal import CaseJournal
+from conformance.journal import CPU, CaseJournal
 from conformance.outcome import Outcome, Status
 from conformance.target import EAGER_UNDER_COMPILE
 from diff.judge import Judge, classify_error
@@ -138,16 +138,19 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     host = HostCopies()
     batch = BatchReport()
     compiler_before = _compiler_stats(target)
-    # Compile targets: each batch is journaled, so a compiler that kills the worker costs its samples, not the case.
-    journal = CaseJournal(os.environ.get(CRASH_DIR_ENV), case.id) if target.compiles else None
+    # The case's journal (conformance/journal.py): a worker that dies in a step of the CPU's own is the CPU's crash
+    # (a skip); under a compile target, one that dies compiling a batch costs that batch's samples, not the case.
+    journal = CaseJournal(os.environ.get(CRASH_DIR_ENV), case.id)
+    journal.end()  # a step left in flight by an earlier run of the case is not this run's
     with target.track_ops() as tracker:
-        prepared = []  # (index, sample, seed, generated inputs, the target's inputs, reference result)
+        prepared = []  # [index, sample, seed, generated inputs, the target's inputs, reference result]
+        if not cache_ok:
+            journal.begin(list(range(len(samples))), CPU)
         for i, sample in enumerate(samples):
             seed = sample_seed(case, i)
             t0 = time.perf_counter()
             generated = sample_parts(sample)
             parts = fresh_leaves(generated)  # the reference's inputs
-            target_parts = target_inputs(generated, target.device, rule.cpu_arguments)
             timer.add("generation", t0)
 
             t0 = time.perf_counter()
@@ -160,7 +163,12 @@ def execute_op_case(case: Case, ctx) -> Outcome:
                 fresh_reference.append({"value": ref.value, "error": ref.error, "error_type": ref.error_type,
                                         "skipped": ref.skipped})
             timer.add("reference", t0)
-            prepared.append((i, sample, seed, generated, target_parts, ref))
+            prepared.append([i, sample, seed, generated, None, ref])
+        journal.end()
+        t0 = time.perf_counter()
+        for entry in prepared:  # the target's copies of the inputs, once the CPU's own step is over
+            entry[4] = target_inputs(entry[3], target.device, rule.cpu_arguments)
+        timer.add("generation", t0)
 
         compiled: dict[int, SideResult] = {}
         drew_in_batch = False
@@ -171,7 +179,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
                     DrawWatch(target.own_random_stream) as drew:
                 compiled, batch = run_compiled_batch(op, rule, samples, runnable, backward=backward, target=target,
                                                      seeds={i: seed for i, _, seed, *_ in prepared},
-                                                     journal=journal)
+                                                     journal=journal if target.compiles else None)
             host.add(seen)
             drew_in_batch = bool(drew)
             timer.add("target", t0)
@@ -197,7 +205,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
                 else rule
             judge = _judge(tolerance, sample_rule, target_parts, target.device, precision)
             verdict = judge_sample(i, op, rule, sample, generated, ref, tgt, backward=backward, seed=seed,
-                                   judge=judge, nondeterministic=nondeterministic)
+                                   judge=judge, nondeterministic=nondeterministic, journal=journal)
             if i in compiled and i not in batch.alone and verdict.status not in (Status.PASS, Status.SKIP):
                 journal.begin([i])
                 verdict = _alone(op, rule, sample, generated, ref, verdict, i=i, seed=seed, backward=backward,
@@ -225,8 +233,8 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     _name_the_cause(case, outcome, samples, verdicts)
     if compiled_graphs:
         outcome.evidence["compiled_graphs"] = compiled_graphs
+    journal.close()
     if target.compiles:
-        journal.close()
         outcome.evidence["compile"] = batch.to_dict()
         after = _compiler_stats(target)
         if after is not None and compiler_before is not None:  # the emulated compiler: what it compiled, reused
@@ -331,12 +339,14 @@ def _has_sparse(samples) -> bool:
 
 
 def judge_sample(i, op, rule, sample, parts, ref: SideResult, tgt: SideResult, *, backward, seed, judge: Judge,
-                 nondeterministic: list[int]) -> SampleVerdict:
+                 nondeterministic: list[int], journal: CaseJournal | None = None) -> SampleVerdict:
     """One sample's verdict. A sample the CPU reference cannot reproduce is judged by dtype, shape and device
     only (the judge's ``inconclusive``), and listed in the case's evidence.
 
     ``parts``: the sample as generated, never run (an in-place variant mutates the copies each side runs);
-    the golden and the second reference run start from fresh copies of it."""
+    the golden and the second reference run start from fresh copies of it. ``journal``: where the CPU's own
+    reruns (golden, second run, noise floor, contiguous copy) are journaled as the CPU's steps."""
+    cpu = _CpuStep(journal, i)
     if ref.skipped or tgt.skipped:
         return SampleVerdict(index=i, status=Status.SKIP, message=ref.skipped or tgt.skipped)
     if ref.error is not None:
@@ -348,17 +358,20 @@ def judge_sample(i, op, rule, sample, parts, ref: SideResult, tgt: SideResult, *
     if tgt.graphs == 0:  # never a pass: the compiler was not tested
         return SampleVerdict(index=i, status=Status.ERROR, message=f"harness error: {EAGER_UNDER_COMPILE}")
 
+    @cpu
     def golden():
         result = run_op(op, rule, sample, to_device(parts, "cpu", GOLDEN_DTYPES, same_layout=True), backward=backward,
                         device="cpu", seed=seed)
         return result.value if result.error is None else None
 
+    @cpu
     def reference_again():
         _poison_free_memory(ref.value)
         again = run_op(op, rule, sample, _fenced(to_device(parts, "cpu", same_layout=True)), backward=backward,
                        device="cpu", seed=seed)
         return again.value if again.error is None else None
 
+    @cpu
     def perturbed():
         return [r for r in perturbed_runs(lambda: _reference_value(op, rule, sample, parts, backward, seed),
                                           judge.precision, seed=seed) if r is not None]
@@ -375,7 +388,8 @@ def judge_sample(i, op, rule, sample, parts, ref: SideResult, tgt: SideResult, *
         return SampleVerdict(index=i, status=Status.PASS, comparison=verdict.comparison.to_dict(), noise=noise,
                              message=verdict.message if verdict.within_precision else "")
     if verdict.status is Status.MISMATCH and _has_views(parts) and not sample_variant(sample):
-        contiguous = run_op(op, rule, sample, to_device(parts, "cpu"), backward=backward, device="cpu", seed=seed)
+        contiguous = cpu(lambda: run_op(op, rule, sample, to_device(parts, "cpu"), backward=backward, device="cpu",
+                                        seed=seed))()
         same = Judge(tolerance=judge.tolerance, rule=judge.rule)  # both on the CPU: no device to check
         if contiguous.error is None and not same(contiguous.value, ref.value):
             # The CPU's own answer changes with the layout of the same values: it is no reference here.
@@ -386,6 +400,26 @@ def judge_sample(i, op, rule, sample, parts, ref: SideResult, tgt: SideResult, *
     promoted = _result_type_note(sample, parts, ref.value)
     return SampleVerdict(index=i, status=Status.MISMATCH, message=f"{message} {promoted}".strip(),
                          comparison=verdict.comparison.to_dict(), noise=noise)
+
+
+class _CpuStep:
+    """Wraps a function of the CPU's own (a sample's golden or reruns) in a CPU step of the case's journal."""
+
+    def __init__(self, journal: CaseJournal | None, index: int) -> None:
+        self.journal, self.index = journal, index
+
+    def __call__(self, fn):
+        if self.journal is None:
+            return fn
+
+        def step(*args, **kwargs):
+            self.journal.begin([self.index], CPU)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.journal.end()
+
+        return step
 
 
 def _has_views(parts) -> bool:
@@ -536,12 +570,22 @@ def _aggregate(case, verdicts, worst, trace, timings, rule, nondeterministic, *,
 
 
 def probe_op_reference(case: Case, ctx) -> None:
-    """Runs only the reference side of every sample (after a crash or hang of the whole case)."""
+    """Runs only the CPU side of every sample, as the case runs it (after a crash or hang of the whole case): the
+    reference, its float64 golden, and its second run on fenced inputs after freed memory was poisoned. A CPU
+    kernel that dies only on the golden's dtype or on leftovers in memory dies here too."""
     op = case_op(case)
     rule = rule_for(op_key(op))
+    backward = case.mode == "backward"
     for i, sample in enumerate(generate_samples(op, case)):
-        run_op(op, rule, sample, fresh_leaves(sample_parts(sample)), backward=case.mode == "backward",
-                 device="cpu", seed=sample_seed(case, i))
+        generated, seed = sample_parts(sample), sample_seed(case, i)
+        ref = run_op(op, rule, sample, fresh_leaves(generated), backward=backward, device="cpu", seed=seed)
+        if ref.error is not None or ref.skipped:
+            continue
+        run_op(op, rule, sample, to_device(generated, "cpu", GOLDEN_DTYPES, same_layout=True), backward=backward,
+               device="cpu", seed=seed)
+        _poison_free_memory(ref.value)
+        run_op(op, rule, sample, _fenced(to_device(generated, "cpu", same_layout=True)), backward=backward,
+               device="cpu", seed=seed)
 
 
 def write_op_repro(case: Case, outcome: Outcome, ctx) -> str | None:

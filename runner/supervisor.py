@@ -15,7 +15,8 @@ process per case):
 - **replacement**: a dead, stopped or bloated worker is replaced and the run goes on;
 - **resumed steps**: a worker that dies while its case's journal (conformance/journal.py) names a step in
   flight (a compiler that segfaults on one batch of samples) runs the case again, and the executor resumes
-  past that step; the samples that died alone are the case's ``crash``, the others are judged;
+  past that step; the samples that died alone are the case's ``crash``, the others are judged. One that dies
+  in a step of the CPU's own (the reference, its golden, its reruns) is the CPU's crash: a ``skip``, as below;
 - **reference probe**: after a crash, timeout or memory overrun another
   worker runs the case's reference side alone; when that dies, hangs or
   overruns too, the CPU reference is at fault and the case is a ``skip``
@@ -50,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Mapping
 
 from conformance.case import Case
-from conformance.journal import CaseJournal
+from conformance.journal import CPU, CaseJournal
 from conformance.outcome import Outcome, Status
 from conformance.settings import RunSettings
 from results.store import RETRIES_KEY  # evidence: [{"node", "reason", "during", "kind"}], the harness's retries
@@ -485,13 +486,20 @@ class Supervisor:
                                evidence={**evidence, "sides_apart": pending.evidence.get("sides_apart")},
                                duration_s=elapsed)
             return
-        if verb == "run" and CaseJournal(self._crash_dir, job.case.id).crashed_now(reason):
+        journal = CaseJournal(self._crash_dir, job.case.id) if verb == "run" else None
+        if journal is not None and journal.crashed_now(reason):
             followups.appendleft((job, pending, "run"))  # the executor resumes past the step that died
             return
         if verb == "run":
-            self._failed(job, Outcome(case_id=job.case.id, status=Status.CRASH,
-                                       message=f"worker process died: {reason}", evidence=evidence,
-                                       duration_s=elapsed), followups)
+            crashed = Outcome(case_id=job.case.id, status=Status.CRASH, message=f"worker process died: {reason}",
+                              evidence=evidence, duration_s=elapsed)
+            step = journal.in_flight()
+            if step is not None and step["kind"] == CPU:  # it died in the CPU's own step: no probe needed
+                skipped = reference_at_fault(crashed, f"dies ({reason})")
+                skipped.evidence["reference_crash"] = step["samples"]
+                yield job, skipped
+                return
+            self._failed(job, crashed, followups)
         elif verb == "probe":
             yield job, reference_at_fault(pending, f"dies ({reason})")
         else:
