@@ -4,11 +4,13 @@ Under a compile target the case's samples are compiled together (:func:`run_comp
 for many samples, since a real compiler takes seconds to minutes a graph. Each sample is still judged on
 its own. ``fullgraph=True`` proves that every sample's op went through the compiler (a graph break
 raises); a batch that fails to compile or raises is bisected down to the samples responsible, and a batch
-that breaks the graph falls back to a graph per sample, which counts its graphs (none: a harness error).
+that breaks the graph falls back to a graph per sample, whole too (fullgraph): a sample dynamo cannot put in one
+graph ran its op, or part of it, eagerly, and is a harness error, never a pass.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,10 +188,13 @@ def run_compiled_batch(op, rule: OpRule, samples, parts: dict[int, Any], *, back
             continue
         if journal is not None:
             journal.begin(group)
-        if len(group) == 1:
-            i = group[0]
+        if len(group) == 1:  # a graph of its own, whole (fullgraph): a sample dynamo cannot graph whole ran
+            i = group[0]     # its op, or part of it, eagerly, and is a harness error (graphs 0), never a pass
             results[i] = run_op(op, rule, samples[i], parts[i], backward=backward, device=target.device,
-                                seed=seeds[i], prepare=target.prepare)
+                                seed=seeds[i], prepare=lambda fn: target.compile(fn, fullgraph=True))
+            if results[i].error_type in _graph_break_names():
+                report.fallback = report.fallback or results[i].error.splitlines()[0][:300]
+                results[i] = SideResult(graphs=0)
             report.alone.append(i)
             report.graphs += results[i].graphs or 0
             outcome = None
@@ -217,6 +222,19 @@ def run_compiled_batch(op, rule: OpRule, samples, parts: dict[int, Any], *, back
 def _detached(parts):
     """The sample's inputs cut from autograd: a forward batch hands the compiler an inference graph."""
     return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, parts)
+
+
+@functools.cache
+def _graph_break_names() -> frozenset[str]:
+    """The names of dynamo's exceptions for what it cannot put in a graph (as a failed run records them)."""
+    import torch._dynamo.exc as dynamo_exc
+
+    names, pending = set(), [dynamo_exc.Unsupported, dynamo_exc.UserError]
+    while pending:
+        cls = pending.pop()
+        names.add(cls.__name__)
+        pending += cls.__subclasses__()
+    return frozenset(names)
 
 
 def _graph_break(exc: BaseException) -> bool:
