@@ -67,6 +67,8 @@ def main() -> int:
     parser.add_argument("--hypothesis-examples", default="16")
     parser.add_argument("--results", default="", help="--inductor: keep results and reproducers in this folder")
     parser.add_argument("--timeout", default="1800", help="--inductor: per-case timeout, seconds")
+    parser.add_argument("--report-only", action="store_true",
+                        help="--inductor: print the figures of the cases already in --results (a run stopped early)")
     parser.add_argument("--catch-rate", action="store_true", help="samples a compile-only fault is caught in")
     parser.add_argument("--dtypes", default="float32", help="--catch-rate: the dtypes")
     parser.add_argument("--catch-ops", default="tanh=aten::tanh,exp=aten::exp,sigmoid=aten::sigmoid,mul=aten::mul,"
@@ -106,15 +108,32 @@ def main() -> int:
     return 0
 
 
+def _slice_cases(ops: list[str], args) -> list:
+    from op_tests.sources import OpSelection, all_cases
+
+    families = () if args.families == "none" else tuple(args.families.split(",")) if args.families != "all" else None
+    if families is None:
+        from op_tests.families import FAMILIES
+
+        families = tuple(FAMILIES)
+    return all_cases(OpSelection(patterns=tuple(ops), directions=tuple(args.directions.split(",")),
+                                 hypothesis_examples=int(args.hypothesis_examples), families=families))
+
+
 def _inductor(args, ops: list[str], total_ops: int) -> int:
     out = os.path.abspath(args.results or tempfile.mkdtemp(prefix="inductor-sweep-"))
     os.makedirs(out, exist_ok=True)
     print(f"cpu:compile (inductor): {len(ops)} of {total_ops} ops (every {args.every}th), directions "
           f"{args.directions}, families {args.families}, hypothesis examples {args.hypothesis_examples}, "
           f"-j {args.jobs}, load average {os.getloadavg()[0]:.1f} at start; results in {out}")
-    wall, rows = _sweep(ops, "cpu:compile", args.jobs, args.families, out, "--directions", args.directions,
-                        "--hypothesis-examples", args.hypothesis_examples, "--timeout", args.timeout,
-                        "--build", "inductor")
+    if args.report_only:  # the cases a stopped run finished; wall time: their own time over the workers
+        rows = [json.loads(line) for line in open(os.path.join(out, "cases.jsonl"))]
+        wall = sum(r["outcome"].get("duration_s") or 0.0 for r in rows) / args.jobs
+        print(f"report only: {len(rows)} cases finished; wall time estimated as their own time / {args.jobs}")
+    else:
+        wall, rows = _sweep(ops, "cpu:compile", args.jobs, args.families, out, "--directions", args.directions,
+                            "--hypothesis-examples", args.hypothesis_examples, "--timeout", args.timeout,
+                            "--build", "inductor")
     statuses: dict[str, int] = {}
     for r in rows:
         statuses[r["outcome"]["status"]] = statuses.get(r["outcome"]["status"], 0) + 1
@@ -123,9 +142,10 @@ def _inductor(args, ops: list[str], total_ops: int) -> int:
     own = sum(r["outcome"].get("duration_s") or 0.0 for r in rows)
     print(f"{len(rows)} cases, {samples} samples, {graphs} graphs in {wall:.0f} s wall ({own:.0f} s in cases); "
           f"outcomes {statuses}")
-    scale = total_ops / max(1, len(ops))
-    print(f"projected whole slice of {total_ops} ops with these directions and families: {wall * scale / 3600:.1f} h "
-          f"on {args.jobs} workers")
+    planned = len(_slice_cases(ops, args))
+    scale = total_ops / max(1, len(ops)) * planned / max(1, len(rows))
+    print(f"{len(rows)} of the slice's {planned} cases; projected for all {total_ops} ops with these directions and "
+          f"families: {wall * scale / 3600:.1f} h on {args.jobs} workers")
     for r in sorted(rows, key=lambda r: r["title"]):
         if r["outcome"]["status"] not in ("pass", "skip"):
             repro = r["outcome"].get("repro") or ""
