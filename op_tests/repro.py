@@ -62,6 +62,7 @@ RUN_ENV = json.loads({env_json!r})
 for _k, _v in RUN_ENV.items():
     os.environ.setdefault(_k, _v)
 BACKEND_MODULES = [m for m in RUN_ENV.get("NEURON_VALIDATE_BACKEND_MODULES", "").split(",") if m]
+COMPILE_BACKEND = {compile_backend!r}  # a DEVICE:compile target compiles each sample whole with this backend
 sys.path.insert(0, os.getcwd())  # backend modules named relative to where the run started
 
 import torch  # noqa: E402
@@ -114,13 +115,18 @@ def to_device(value, device):
     return tree_map(move, value)
 
 
-def run(op, sample, device):
+def run(op, sample, target):
     from torch.utils._pytree import tree_leaves
 
+    device, _, mode = target.partition(":")
     inp, args, kwargs = to_device((sample["input"], tuple(sample["args"]), sample["kwargs"]), device)
+    call = (lambda i, *a, **k: run_variant(op, sample["variant"], i, a, k)) if sample.get("variant") else op
+    if mode == "compile":  # as the case ran it: one graph, whole, for this sample alone
+        torch._dynamo.reset()
+        call = torch.compile(call, backend=COMPILE_BACKEND, fullgraph=True, dynamic=False)
+    out = call(inp, *args, **kwargs)
     if sample.get("variant"):
-        return run_variant(op, sample["variant"], inp, args, kwargs)
-    out = op(inp, *args, **kwargs)
+        return out
     if CASE["mode"] != "backward":
         return out
     inputs = [t for t in tree_leaves((inp, args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -166,7 +172,7 @@ def main():
         try:
             from diff.compare import compare
 
-            result = compare(actual, expected, device=torch.device(args.target).type)
+            result = compare(actual, expected, device=torch.device(args.target.split(":")[0]).type)
             print("  " + result.report().replace("\\n", "\\n  "))
             failed += not result
         except ImportError:
@@ -228,7 +234,8 @@ def write_repro(case: Case, outcome: Outcome, ctx, *, check=None) -> str | None:
         status=outcome.status.value,
         message=outcome.message.replace('"""', "'''")[:500],
         found=found.replace('"""', "'''"),
-        target=str(ctx.target.spec.device),
+        target=str(ctx.target.spec),  # DEVICE:compile reproduces compiled
+        compile_backend=ctx.target.compile_backend() if ctx.target.compiles else "",
         reference=str(ctx.reference.spec.device),
         case_json=json.dumps(case.to_dict()),
         env_json=json.dumps(env),

@@ -8,6 +8,9 @@ to compile or raises down to the samples responsible, and reuses within a build 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import torch
 
@@ -15,7 +18,7 @@ from conformance.case import Case
 from op_tests.samples import generate_samples, sample_parts
 from op_tests.sources import get_op
 
-from ..conftest import run_cli
+from ..conftest import REPO, run_cli
 
 LATENCY = 0.05
 
@@ -63,6 +66,10 @@ def test_a_batch_that_raises_is_bisected_down_to_the_samples_responsible(tmp_pat
     assert len(statuses) == len(wide) and any(wide) and not all(wide)
     assert [s == "error" for s in statuses] == wide
     assert evidence["compile"]["bisected"] >= 1 and row["outcome"]["status"] == "error"
+    # The reproducer compiles its sample as the case did: the fault lives in compiled graphs only.
+    repro = subprocess.run([sys.executable, row["outcome"]["repro"]], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, **env}, cwd=REPO)
+    assert "target raised" in repro.stdout and repro.returncode == 1, repro.stdout + repro.stderr[-2000:]
 
 
 def test_a_compiler_that_dies_on_one_sample_crashes_that_sample_and_one_that_hangs_times_out_its_case(tmp_path):
