@@ -27,6 +27,7 @@ samples where the fault shows at all) and once only inside compiled graphs (``mo
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import subprocess
@@ -68,7 +69,8 @@ def main() -> int:
     parser.add_argument("--results", default="", help="--inductor: keep results and reproducers in this folder")
     parser.add_argument("--timeout", default="1800", help="--inductor: per-case timeout, seconds")
     parser.add_argument("--report-only", action="store_true",
-                        help="--inductor: print the figures of the cases already in --results (a run stopped early)")
+                        help="--inductor: print the figures of the cases already in --results (every *.jsonl there: "
+                             "a run stopped early, and the runs that went on with the rest of its cases)")
     parser.add_argument("--catch-rate", action="store_true", help="samples a compile-only fault is caught in")
     parser.add_argument("--dtypes", default="float32", help="--catch-rate: the dtypes")
     parser.add_argument("--catch-ops", default="tanh=aten::tanh,exp=aten::exp,sigmoid=aten::sigmoid,mul=aten::mul,"
@@ -127,7 +129,7 @@ def _inductor(args, ops: list[str], total_ops: int) -> int:
           f"{args.directions}, families {args.families}, hypothesis examples {args.hypothesis_examples}, "
           f"-j {args.jobs}, load average {os.getloadavg()[0]:.1f} at start; results in {out}")
     if args.report_only:  # the cases a stopped run finished; wall time: their own time over the workers
-        rows = [json.loads(line) for line in open(os.path.join(out, "cases.jsonl"))]
+        rows = [json.loads(line) for path in sorted(glob.glob(os.path.join(out, "*.jsonl"))) for line in open(path)]
         wall = sum(r["outcome"].get("duration_s") or 0.0 for r in rows) / args.jobs
         print(f"report only: {len(rows)} cases finished; wall time estimated as their own time / {args.jobs}")
     else:
