@@ -18,7 +18,10 @@ to every op whose samples it can transform, not only to element-wise ones:
   views that must alias their base (variants.py);
 - ``ties``: tied values for ops that return indices of tied elements, whose
   documented contract (the first occurrence, or any) decides how they are
-  compared (ties.py).
+  compared (ties.py);
+- ``accumulation``: float16 and bfloat16 rows of 128 to 65,536 elements along
+  the dimensions an op sums over, found by perturbing a row's first and last
+  element (accumulation.py).
 
 A family case is one op x dtype x direction x family, with config
 ``{"source": "family", "inputs": FAMILY}``: a stable id, and a fixed seed
@@ -34,7 +37,7 @@ from typing import Callable
 
 import torch
 
-FAMILIES = ("sizes", "extremes", "mixed", "layouts", "variants", "ties")
+FAMILIES = ("sizes", "extremes", "mixed", "layouts", "variants", "ties", "accumulation")
 
 
 class FamilyNotApplicable(ValueError):
@@ -108,7 +111,7 @@ def _variant_dtypes(op, supported, direction):
 
 
 def _registry() -> dict[str, Family]:
-    from . import extremes, layouts, mixed, sizes, ties, variants
+    from . import accumulation, extremes, layouts, mixed, sizes, ties, variants
 
     return {
         "sizes": Family(name="sizes", description="lengths across tile boundaries and long reductions",
@@ -123,6 +126,9 @@ def _registry() -> dict[str, Family]:
                            dtypes=_variant_dtypes, make=variants.make_samples),
         "ties": Family(name="ties", description="tied values for ops that return indices of tied elements",
                        dtypes=ties.tie_dtypes, make=ties.make_samples),
+        "accumulation": Family(name="accumulation",
+                               description="float16 and bfloat16 rows up to 65,536 along the dimensions summed",
+                               dtypes=accumulation.accumulation_dtypes, make=accumulation.make_samples),
     }
 
 

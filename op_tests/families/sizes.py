@@ -20,9 +20,12 @@ allows; a template none fits is left out.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .templates import has_empty, keep_grad, make_sample, map_tensors, numel, parts_of, primary, runs_on_cpu, templates
+from .templates import (has_empty, keep_grad, make_sample, map_tensors, numel, parts_of, primary, runs_on_cpu,
+                        templates, tensor_leaves)
 
 TILE_SIZES = (1, 127, 128, 129, 255, 256, 257, 511, 512, 513, 2047, 2048, 2049)
 LEADING_SIZES = (1, 127, 128, 129, 256, 257, 2049)  # the leading dimension: the partition boundary and a long one
@@ -64,23 +67,33 @@ def _untied(t: torch.Tensor, dim: int, old: int) -> torch.Tensor:
     return (t.double() * factor).to(t.dtype)
 
 
-def resized(parts, dim: int, new: int, coupling: str, seed: int):
-    """``parts`` with the primary tensor's ``dim`` of length ``new``, and the coupled dimensions of the others."""
-    x = primary(parts)
+def resized(parts, dim: int, new: int, coupling: str, seed: int, leaf: int | None = None, *,
+            limit: int | None = None):
+    """``parts`` with the primary tensor's (or tensor leaf ``leaf``'s) ``dim`` of length ``new``, and the coupled
+    dimensions of the others; None when that would make more than ``limit`` elements (checked before any is
+    made: coupling every dimension of matmul's 5 x 5 operands to 65,536 would be 8 GB)."""
+    x = primary(parts) if leaf is None else tensor_leaves(parts)[leaf]
     old = x.shape[dim]
+
+    def coupled(t: torch.Tensor) -> list[int]:
+        if t is x:
+            return [dim]
+        if coupling == "aligned":
+            j = t.dim() - (x.dim() - dim)
+            return [j] if 0 <= j < t.dim() and t.shape[j] == old else []
+        if coupling.startswith("same length"):
+            return [j for j in range(t.dim()) if t.shape[j] == old]
+        return []
+
+    if limit is not None:
+        sizes = [[new if j in coupled(t) else n for j, n in enumerate(t.shape)] for t in tensor_leaves(parts)]
+        if sum(math.prod(shape) for shape in sizes) > limit:
+            return None
     gen = torch.Generator().manual_seed(seed * 7919 + dim * 131 + new)
     index = _index(old, new, gen)
 
     def resize(_, t: torch.Tensor):
-        if t is x:
-            dims = [dim]
-        elif coupling == "aligned":
-            j = t.dim() - (x.dim() - dim)
-            dims = [j] if 0 <= j < t.dim() and t.shape[j] == old else []
-        elif coupling.startswith("same length"):
-            dims = [j for j in range(t.dim()) if t.shape[j] == old]
-        else:
-            dims = []
+        dims = coupled(t)
         if not dims:
             return t
         out = t.detach()
@@ -104,10 +117,10 @@ def _sizes_replaced(value, old: int, new: int):
     return value
 
 
-def _coupling(op, parts, dim: int, seed: int) -> str | None:
-    x = primary(parts)
+def coupling_of(op, parts, dim: int, seed: int, leaf: int | None = None) -> str | None:
+    x = primary(parts) if leaf is None else tensor_leaves(parts)[leaf]
     for coupling in COUPLINGS:
-        if runs_on_cpu(op, resized(parts, dim, x.shape[dim] + 1, coupling, seed)):
+        if runs_on_cpu(op, resized(parts, dim, x.shape[dim] + 1, coupling, seed, leaf)):
             return coupling
     return None
 
@@ -128,7 +141,7 @@ def _output_size(op, parts) -> tuple[int, int, int] | None:
     return len(tensors), sum(t.numel() for t in tensors), flops.get_total_flops()
 
 
-def _affordable(op, candidate, new: int) -> bool:
+def affordable(op, candidate, new: int) -> bool:
     """Inputs and outputs within the element budget, and not thousands of outputs: a sample the sweep can
     afford on both sides, forward and backward."""
     limit = MAX_NUMEL_LONG if new in LONG_SIZES else MAX_NUMEL
@@ -157,14 +170,15 @@ def make_samples(op, case) -> list:
         dims = list(dict.fromkeys(d for d in (rank - 1, 0, _dim_argument(template, rank)) if d is not None))
         samples = []
         for dim in dims:
-            coupling = _coupling(op, parts, dim, case.seed)
+            coupling = coupling_of(op, parts, dim, case.seed)
             if coupling is None:
                 continue
             long_ok = dim != 0 or rank == 1 or dim == _dim_argument(template, rank)
             sizes = TILE_SIZES if dim != 0 or rank == 1 or dim == _dim_argument(template, rank) else LEADING_SIZES
             for new in sizes + (LONG_SIZES if long_ok else ()):
-                candidate = resized(parts, dim, new, coupling, case.seed)
-                if not _affordable(op, candidate, new):
+                candidate = resized(parts, dim, new, coupling, case.seed,
+                                    limit=MAX_NUMEL_LONG if new in LONG_SIZES else MAX_NUMEL)
+                if candidate is None or not affordable(op, candidate, new):
                     continue
                 label = f"dim {dim - rank}" if dim == rank - 1 else f"dim {dim}"
                 samples.append(make_sample(candidate, f"length {new} on {label} (sample {k}, {coupling})",

@@ -13,14 +13,11 @@ import pytest
 import torch
 
 from conformance.outcome import Status
-from conformance.settings import RunSettings
 from op_tests.families import family_samples
 from op_tests.rules import gather_index_output, rule_for, tie_contract
 from op_tests.sources import OpSelection, family_cases, get_op, op_cases
-from results.store import ResultStore
-from runner.reporters import StoreWriter
-from runner.suite import run_suite
 from tests.conftest import built_once
+from tests.op_tests.suite_runs import run_cases
 
 PROMISED = ("argmax", "argmin", "max.reduction_with_dim", "min.reduction_with_dim")
 ANY = ("topk", "kthvalue", "median", "nanmedian", "mode", "cummax", "cummin", "sort", "argsort")
@@ -62,14 +59,8 @@ def test_the_ties_family_gives_tied_samples_to_ops_with_a_tie_contract():
 
 
 def _run(results, cases, build: str, env: dict, backend_modules=()):
-    settings = RunSettings(target="neuron", timeout_s=300, artifacts_dir=str(results / build),
-                           backend_modules=backend_modules,
-                           env={**env, "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"})
-    with ResultStore.open(results) as store:
-        run_suite(cases, settings=settings, plugins=[StoreWriter(store)], build_id=build, manifest={},
-                  target_label="neuron", jobs=2)
-        return {(r.case.name, r.case.dtype, r.case.mode, r.case.config.get("inputs", r.case.config["source"])):
-                r.outcome for r in store.results(build)}
+    ran = run_cases(results, cases, build, {**env, "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"}, backend_modules)
+    return {(c.name, c.dtype, c.mode, c.config.get("inputs", c.config["source"])): o for c, o in ran}
 
 
 def _outcomes(results):
