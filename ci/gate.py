@@ -10,8 +10,10 @@
 The gate fails (exit 1) on regressions, and on cases that passed in the
 baseline but have no result in the build (a lost shard must not pass the
 gate); ``allow_missing`` accepts the latter when the case set changed on
-purpose. Everything else (fixes, flaky cases, xpass, failures the baseline
-had too, new cases that fail) is reported and does not fail the gate.
+purpose. Precision drift (ci.drift: passing cases whose worst error grew 4x
+or more) is always reported, and fails the gate only with ``fail_on_drift``.
+Everything else (fixes, flaky cases, xpass, failures the baseline had too,
+new cases that fail) is reported and does not fail the gate.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from conformance.outcome import Status
 from runner.supervisor import Job, Supervisor, TransportError
 
 from .baseline import BuildComparison, CaseChange, Verdict, compare_builds
+from .drift import DEFAULT_FACTOR, DriftReport, precision_drift
 from .expectations import Expectations
 from .hooks import Hooks
 from .reruns import settings_for_build, slug
@@ -38,8 +41,12 @@ class GateOptions:
     allow_missing: bool = False
     expectations: Expectations | None = None
     write_repros: bool = True  # reruns write reproducers regardless; this adds them where every run crashed
+    drift_factor: float = DEFAULT_FACTOR  # a passing case whose worst error grew this much is a drift
+    fail_on_drift: bool = False
 
     def __post_init__(self) -> None:
+        if not self.drift_factor > 1:
+            raise ValueError(f"drift_factor={self.drift_factor!r} (type=float): must be greater than 1")
         for name in ("reruns", "max_reruns"):
             value = getattr(self, name)
             if value < 0:
@@ -55,6 +62,7 @@ class GateReport:
     comparison: BuildComparison
     options: GateOptions
     results: str  # the results folder
+    drift: DriftReport | None = None
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -70,8 +78,12 @@ class GateReport:
     def failing(self) -> list[CaseChange]:
         return self.regressions + ([] if self.options.allow_missing else self.missing)
 
+    @property
+    def failing_drift(self) -> bool:
+        return self.options.fail_on_drift and self.drift is not None and bool(self.drift.drifts)
+
     def __bool__(self) -> bool:
-        return not self.failing
+        return not self.failing and not self.failing_drift
 
     @property
     def exit_code(self) -> int:
@@ -84,7 +96,8 @@ def run_gate(store, *, build: str, baseline: str, options: GateOptions = GateOpt
     start = time.perf_counter()
     comparison = compare_builds(store, build, baseline, expectations=options.expectations)
     report = GateReport(build=store.build(build), baseline=store.build(baseline), comparison=comparison,
-                        options=options, results=str(store.folder))
+                        options=options, results=str(store.folder),
+                        drift=precision_drift(store, build, baseline, factor=options.drift_factor))
     hooks.call("gate_start", report=report)
     candidates = comparison.of(Verdict.REGRESSION)
     if candidates and (options.reruns or options.write_repros):

@@ -3,7 +3,8 @@
 JUnit XML is what CI systems display (GitHub test reporters, GitLab, Jenkins,
 Buildkite). One ``testcase`` per case of the build; the file agrees with the
 gate's exit code: a ``failure`` is exactly what fails the gate (regressions,
-missing cases). Cases that fail without failing the gate (known failures,
+missing cases, and precision drift under ``--fail-on-drift``; without it a
+drifted case passes and says so in ``system-out``). Cases that fail without failing the gate (known failures,
 failures the baseline had too, new cases that fail) are ``skipped`` with the
 reason, so a green gate never shows red tests. A flaky case passes and says
 so in ``system-out``. The classname groups cases as CI viewers expect
@@ -36,7 +37,9 @@ class JUnitReporter:
         changes = report.comparison.changes
         failing = {Verdict.REGRESSION} if report.options.allow_missing else set(FAILURE)
         skipping = set(SKIPPED) | (set(FAILURE) - failing)
-        failures = sum(c.verdict in failing for c in changes)
+        drifts = {d.case_id: d for d in report.drift.drifts} if report.drift is not None else {}
+        gated_drift = set(drifts) if report.options.fail_on_drift else set()
+        failures = sum(c.verdict in failing or c.case_id in gated_drift for c in changes)
         skipped = sum(c.verdict in skipping for c in changes)
         total_time = sum(c.duration for c in changes)
         name = f"neuron-conformance gate: {report.build.id} vs {report.baseline.id}"
@@ -57,8 +60,13 @@ class JUnitReporter:
                 lines.append("reruns in fresh processes: " + ", ".join(s.value for s in c.reruns))
             if c.known is not None:
                 lines.append(f"known failure: {c.known.reason} ({c.known.issue})")
+            if c.case_id in drifts:
+                lines.append(f"precision drift: {drifts[c.case_id].describe()}")
             body = "\n".join(lines)
-            if c.verdict in failing:
+            if c.case_id in gated_drift:
+                junit_result(tc, "failure", type="precision_drift", body=body,
+                             message=f"precision drift: {drifts[c.case_id].describe()}")
+            elif c.verdict in failing:
                 junit_result(tc, "failure", type=c.verdict.value, body=body,
                              message=f"{c.verdict.value}: {transition}: {c.message}")
             elif c.verdict in skipping:
@@ -70,6 +78,6 @@ class JUnitReporter:
                     Verdict.MISSING: "no result in this build (allowed)",
                 }[c.verdict]
                 junit_result(tc, "skipped", type=c.verdict.value, body=body, message=f"{reason}: {c.message}")
-            elif c.verdict in (Verdict.FLAKY, Verdict.XPASS, Verdict.FIXED):
+            elif c.verdict in (Verdict.FLAKY, Verdict.XPASS, Verdict.FIXED) or c.case_id in drifts:
                 ET.SubElement(tc, "system-out").text = xml_text(f"{c.verdict.value}\n{body}")
         write_junit(root, self.path)

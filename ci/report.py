@@ -29,6 +29,7 @@ LABELS = {
 }
 WIDTH = max(len(v) for v in LABELS.values())
 GROUPED = (Verdict.REGRESSION, Verdict.NEW_FAILURE)
+MAX_DRIFT_LINES = 20
 CASES_PER_GROUP = 5  # case lines shown under a group's headline; the rest are counted
 SUMMARY_ORDER = (Verdict.REGRESSION, Verdict.MISSING, Verdict.FLAKY, Verdict.FIXED, Verdict.XFAIL, Verdict.XPASS,
                  Verdict.NEW_FAILURE, Verdict.STILL_FAILING, Verdict.PASS, Verdict.SKIP)
@@ -99,16 +100,34 @@ class TerminalReporter:
                 continue
             for c in changes:
                 self._line(report, label, c)
+        self._drift(report)
         for note in report.notes:
             self._print(f"note: {note}")
         counts = comparison.counts
         parts = [plural(counts[v.value], v.value.replace("_", " ")) for v in SUMMARY_ORDER if counts[v.value]]
+        if report.drift is not None and report.drift.drifts:
+            parts.append(f"{len(report.drift.drifts)} precision drift" + ("" if report.options.fail_on_drift
+                                                                             else " (reported only)"))
         word = "passed" if report else "FAILED"
         self._print(f"gate {word}: {', '.join(parts) or 'no cases'} (build {report.build.id} vs baseline "
                     f"{report.baseline.id}, {report.seconds:.1f} s)")
         if report.missing and not report.options.allow_missing:
             self._print(f"  {len(report.missing)} case(s) passed in the baseline and have no result in this build: "
                         "run them (e.g. a lost shard), or pass --allow-missing if the case set changed on purpose")
+
+    def _drift(self, report) -> None:
+        drift = report.drift
+        if drift is None:
+            return
+        if drift.note:
+            self._print(f"note: precision drift {drift.note}")
+            return
+        for d in drift.drifts[:MAX_DRIFT_LINES]:
+            self._print(f"{'DRIFT':<{WIDTH}}  {d.describe()}")
+            self._print(" " * (WIDTH + 2) + f"case {d.case_id}; still passes")
+        if len(drift.drifts) > MAX_DRIFT_LINES:
+            self._print(" " * (WIDTH + 2) + f"... and {len(drift.drifts) - MAX_DRIFT_LINES} more precision drifts "
+                        "(all are in the dashboard)")
 
     def _groups(self, report, label: str, changes) -> None:
         by_id = {c.case_id: c for c in changes}

@@ -48,8 +48,11 @@ def cmd_gate(args) -> int:
             expectations = load_expectations(args.expectations)
         except ExpectationsError as exc:
             raise UsageError(str(exc)) from None
+    if not args.drift_factor > 1:
+        raise UsageError(f"--drift-factor {args.drift_factor}: must be greater than 1")
     options = GateOptions(reruns=args.rerun, max_reruns=args.max_reruns, jobs=args.jobs, timeout_s=args.timeout,
-                          allow_missing=args.allow_missing, expectations=expectations)
+                          allow_missing=args.allow_missing, expectations=expectations,
+                          drift_factor=args.drift_factor, fail_on_drift=args.fail_on_drift)
     plugins: list[object] = [TerminalReporter()]
     if args.junit:
         plugins.append(JUnitReporter(args.junit))
@@ -151,6 +154,11 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="per-rerun timeout in seconds (default 300)")
     p.add_argument("--allow-missing", action="store_true",
                    help="do not fail on baseline-passing cases that have no result in the build")
+    p.add_argument("--drift-factor", type=float, default=4.0, metavar="X",
+                   help="a passing case whose worst error (ULP against the CPU) grew X times or more is a precision "
+                        "drift (default 4: two bits of agreement lost)")
+    p.add_argument("--fail-on-drift", action="store_true",
+                   help="fail the gate on precision drift too (by default it is reported only)")
     p.set_defaults(func=cmd_gate)
 
     p = sub.add_parser("dashboard", help="static HTML dashboard of a build",

@@ -149,6 +149,15 @@ class TrendRow:
 
 
 @dataclass(slots=True, kw_only=True)
+class DriftTrendRow:
+    """One drifting op x dtype's worst error (max ULP against the CPU) in every build of the store."""
+
+    op: str
+    dtype: str
+    values: list[str]  # per build, in the trend's order; "–" where the build has no passing case of it
+
+
+@dataclass(slots=True, kw_only=True)
 class Page:
     build: object
     baseline: object | None
@@ -169,6 +178,8 @@ class Page:
     columns: tuple[str, ...] = COLUMNS
     repro_links: dict[str, str] = field(default_factory=dict)  # case id -> reproducer inside the site
     scripts: list[ScriptRow] = field(default_factory=list)
+    drift: object | None = None  # ci.drift.DriftReport against the baseline
+    drift_trend: list[DriftTrendRow] = field(default_factory=list)
 
 
 class _Copier:
@@ -307,6 +318,20 @@ def _scripts(store, build_id: str, copier: _Copier) -> list[ScriptRow]:
     return rows
 
 
+MAX_DRIFT_TRENDS = 20  # drifting op x dtype pairs whose trend is drawn, worst first
+
+
+def _drift(store, build: str, baseline: str, builds: list[str]):
+    from ci.drift import precision_drift, precision_trend
+
+    report = precision_drift(store, build, baseline)
+    pairs = list(dict.fromkeys((d.name, d.dtype) for d in report.drifts))[:MAX_DRIFT_TRENDS]
+    trend = precision_trend(store, pairs, builds)
+    rows = [DriftTrendRow(op=name, dtype=dtype, values=["–" if v is None else f"{v:.0f}" for v in trend[(name, dtype)]])
+            for name, dtype in pairs]
+    return report, rows
+
+
 def collect(store, *, build: str, baseline: str | None, out: Path) -> Page:
     from ci.baseline import compare_builds, flaky_from_reruns
 
@@ -340,6 +365,8 @@ def collect(store, *, build: str, baseline: str | None, out: Path) -> Page:
                 if m.repro == g.group.repro:
                     page.repro_links[m.case_id] = g.repro
     page.scripts = _scripts(store, build, copier)
+    if base is not None:
+        page.drift, page.drift_trend = _drift(store, build, baseline, [t.build.id for t in trend])
     if page.families:
         page.survey_counts, page.survey = _survey()
     return page

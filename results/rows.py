@@ -45,6 +45,22 @@ class StatusRow:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PrecisionRow:
+    """A passing case's worst error against the reference, as its outcome's metrics recorded it: what precision
+    drift between builds is measured on (same case id: same samples, same seed)."""
+
+    case_id: str
+    name: str
+    family: str
+    dtype: str
+    mode: str
+    title: str
+    max_ulp: float  # worst over samples and outputs, in units in the last place of the output's dtype
+    max_rel: float
+    samples: int  # how many samples were judged; metrics of different counts are not comparable
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RerunRow:
     build_id: str
     case_id: str

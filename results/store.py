@@ -36,7 +36,8 @@ from results.identify import APPLICATION_ID
 from results.merge import copy_builds
 from results.migrations import migrate, schema_version
 from results.paths import DB_NAME, artifact_path, db_path, stored_path
-from results.rows import CASE_COLUMNS, BuildInfo, RerunRow, ResultRow, StatusRow, build_from_row, case_from_columns
+from results.rows import (CASE_COLUMNS, BuildInfo, PrecisionRow, RerunRow, ResultRow, StatusRow, build_from_row,
+                          case_from_columns)
 from results.schema import MIGRATIONS, RETRIES_KEY, SCHEMA_V1, SCHEMA_VERSION
 from results.wal import use_wal
 from results.writes import Transaction, ensure_build, insert_rerun, insert_result
@@ -163,6 +164,18 @@ class ResultStore:
         return [StatusRow(case_id=r[0], kind=r[1], family=r[2], name=r[3], dtype=r[4], mode=r[5], title=r[6],
                           status=Status(r[7]), message=r[8], duration=r[9]) for r in rows]
 
+    def precision(self, build_id: str) -> dict[str, PrecisionRow]:
+        """The worst errors of a build's passing cases with float outputs, by case id (read with SQLite's JSON
+        functions, without loading the evidence into Python): one query per build, cheap enough for a trend."""
+        rows = self.conn.execute(
+            "SELECT r.case_id, c.name, c.family, c.dtype, c.mode, c.title, json_extract(r.metrics, '$.max_ulp'), "
+            "coalesce(json_extract(r.metrics, '$.max_rel'), 0), coalesce(json_extract(r.evidence, '$.evidence.samples'), 0) "
+            "FROM results r JOIN cases c ON c.id = r.case_id "
+            "WHERE r.build_id=? AND r.outcome='pass' AND json_extract(r.metrics, '$.max_ulp') IS NOT NULL",
+            (build_id,))
+        return {r[0]: PrecisionRow(case_id=r[0], name=r[1], family=r[2], dtype=r[3], mode=r[4], title=r[5],
+                                   max_ulp=float(r[6]), max_rel=float(r[7]), samples=int(r[8])) for r in rows}
+
     def infra_retries(self, build_id: str) -> dict[str, list[dict]]:
         """The harness's retries of a build's cases (node, reason, kind), by case id: what the report names
         apart from the backend's failures."""
@@ -206,6 +219,7 @@ class ResultStore:
         return copy_builds(self.conn, self.folder, other.conn, other.folder, builds)
 
 
-__all__ = ["ResultStore", "StoreError", "BuildInfo", "ResultRow", "StatusRow", "RerunRow", "migrate", "schema_version",
+__all__ = ["ResultStore", "StoreError", "BuildInfo", "ResultRow", "StatusRow", "RerunRow", "PrecisionRow", "migrate",
+           "schema_version",
            "db_path", "use_wal", "Status", "SCHEMA_VERSION", "SCHEMA_V1", "MIGRATIONS", "APPLICATION_ID", "DB_NAME",
            "RETRIES_KEY"]

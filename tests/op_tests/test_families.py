@@ -115,7 +115,7 @@ def test_family_case_ids_are_stable_and_distinct():
     again = family_cases(OpSelection(patterns=("softmax",), families=FAMILIES))
     assert [c.id for c in cases] == [c.id for c in again]
     assert len({c.id for c in cases}) == len(cases)
-    assert {c.config["inputs"] for c in cases} == {"sizes", "extremes", "layouts", "variants"}
+    assert {c.config["inputs"] for c in cases} == {"sizes", "extremes", "layouts", "variants", "accumulation"}
 
 
 # ---------------------------------------------------------------- shrinking and causes
