@@ -20,6 +20,8 @@ test, and get no case.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from torch.utils._pytree import tree_leaves
 
@@ -75,7 +77,8 @@ def accumulating_dims(op, parts) -> list[tuple[int, int]]:
         return []
     base = _outputs(op, parts)
     again = _outputs(op, parts)
-    if not base or again is None or bool(_changed(base, again).any()):  # empty_like: uninitialised values
+    repeat = _changed(base, again) if base and again is not None else None
+    if repeat is None or bool(repeat.any()):  # no tensor output, or one that differs run to run (empty_like)
         return []
     floating = [(k, t) for k, t in enumerate(tensor_leaves(parts)) if t.is_floating_point() and t.dim()]
     found = []
@@ -105,7 +108,7 @@ _ACCUMULATES: dict[str, bool] = {}  # per op key: enumeration asks once per proc
 def _accumulates(op_key: str, op) -> bool:
     if op_key in _ACCUMULATES:
         return _ACCUMULATES[op_key]
-    probe = type("Probe", (), {"seed": 0, "dtype": "float32"})()
+    probe = SimpleNamespace(seed=0, dtype="float32")  # what templates() reads of a case
     found = templates(op, probe, requires_grad=False, limit=PROBE_TEMPLATES, keep=_probeable)
     _ACCUMULATES[op_key] = any(accumulating_dims(op, parts_of(t)) for t in found)
     return _ACCUMULATES[op_key]
