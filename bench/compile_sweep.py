@@ -94,9 +94,13 @@ def main() -> int:
         for r in rows:
             statuses[r["outcome"]["status"]] = statuses.get(r["outcome"]["status"], 0) + 1
         graphs = sum((r["outcome"]["evidence"].get("compile") or {}).get("graphs", 0) for r in rows)
+        direct = sum((r["outcome"]["evidence"].get("compile") or {}).get("direct", 0) for r in rows)
         figures[target] = (wall, len(rows), samples, graphs)
         print(f"{target:15s} {len(rows):5d} cases, {samples:6d} samples in {wall:7.1f} s; outcomes {statuses}"
-              + (f"; {graphs} graphs compiled" if graphs else ""))
+              + (f"; {graphs} graphs compiled, {direct} of them built without dynamo" if graphs else ""))
+        for r in rows:
+            if r["outcome"]["status"] not in ("pass", "skip"):
+                print(f"    {r['title']}: {r['outcome']['status']}: {r['outcome']['message'][:160]}")
     eager, compiled = figures["neuron"], figures["neuron:compile"]
     ratio = compiled[0] / eager[0] if eager[0] else float("nan")
     print(f"compile / eager wall time: {ratio:.2f}x (goal: 2x at most)")

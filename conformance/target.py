@@ -122,6 +122,23 @@ class Compiled:
         return self.counter.graphs
 
 
+@dataclass(slots=True)
+class CompiledCalls:
+    """Calls compiled in one graph built without dynamo (see Target.compile_calls); calling it runs them."""
+
+    graph: Any  # conformance.call_graph.CallGraph
+    fn: Callable
+    counter: GraphCounter
+
+    def __call__(self) -> list:
+        """Each call's output, computed by the compiled graph."""
+        return self.graph.unflatten(self.fn(*self.graph.inputs))
+
+    @property
+    def graphs(self) -> int:
+        return self.counter.graphs
+
+
 def ran_eagerly(runner) -> bool:
     """Whether a callable that was to be compiled ran without compiling a single graph."""
     return isinstance(runner, Compiled) and runner.graphs == 0
@@ -247,6 +264,20 @@ class Target:
         torch._dynamo.reset()
         counter = GraphCounter(self.compile_backend())
         return Compiled(fn=torch.compile(fn, backend=counter, dynamic=False, fullgraph=fullgraph), counter=counter)
+
+    def compile_calls(self, calls) -> CompiledCalls:
+        """``calls`` (``(fn, args, kwargs)``, their tensors on this device) in one graph, built directly and
+        compiled by this target's backend as a graph from dynamo would be (conformance/call_graph.py).
+        Raises where the graph cannot be built that way; dynamo (:meth:`compile`) then builds it."""
+        from .call_graph import call_graph
+
+        import torch._guards
+
+        graph = call_graph(calls)
+        counter = GraphCounter(self.compile_backend())
+        with torch._guards.tracing(torch._guards.TracingContext(graph.fake_mode)):
+            fn = counter(graph.module, graph.inputs)
+        return CompiledCalls(graph=graph, fn=fn, counter=counter)
 
     # ---------------------------------------------------------------- tracking
     @property

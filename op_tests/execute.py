@@ -167,7 +167,8 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             if i in compiled and i not in batch.alone and verdict.status not in (Status.PASS, Status.SKIP):
                 journal.begin([i])
                 verdict = _alone(op, rule, sample, generated, ref, verdict, i=i, seed=seed, backward=backward,
-                                 target=target, judge=judge, nondeterministic=nondeterministic)
+                                 target=target, judge=judge, nondeterministic=nondeterministic,
+                                 direct=compiled[i].direct)
                 journal.end()
             if sample.name and verdict.status not in (Status.PASS, Status.SKIP):
                 verdict.message = f"{verdict.message} [{sample.name}]"
@@ -246,9 +247,10 @@ def _compiler_stats(target) -> dict | None:
 
 
 def _alone(op, rule, sample, generated, ref, verdict: SampleVerdict, *, i: int, seed: int, backward: bool, target,
-           judge, nondeterministic: list[int]) -> SampleVerdict:
-    """A sample that failed in a graph of many, compiled in a graph of its own: the smallest graph that shows
-    the failure is its evidence (and its reproducer's); one that passes alone keeps the batch's verdict, said so."""
+           judge, nondeterministic: list[int], direct: bool = False) -> SampleVerdict:
+    """A sample that failed in a graph of many, or in a graph built without dynamo (``direct``), compiled alone
+    through dynamo, as a user's torch.compile would: the smallest graph that shows the failure is its evidence
+    (and its reproducer's); one that passes alone keeps the batch's verdict, said so."""
     target_parts = target_inputs(generated, target.device, rule.cpu_arguments)
     tgt = run_op(op, rule, sample, target_parts, backward=backward, device=target.device, seed=seed,
                  prepare=target.prepare)
@@ -258,7 +260,11 @@ def _alone(op, rule, sample, generated, ref, verdict: SampleVerdict, *, i: int, 
     if alone.status not in (Status.PASS, Status.SKIP):
         alone.message = f"{alone.message} (also in a graph of its own)"
         return alone
-    verdict.message = f"{verdict.message} (only when compiled in one graph with the case's other samples)"
+    alone_ran = ("dynamo cannot put it in a graph alone: it ran eagerly there" if tgt.graphs == 0 else
+                 "dynamo's graph of it alone passes")
+    where = (f"only in the graph built without dynamo, with any other samples of its batch; {alone_ran}" if direct
+             else "only when compiled in one graph with the case's other samples")
+    verdict.message = f"{verdict.message} ({where})"
     return verdict
 
 

@@ -2,10 +2,13 @@
 
 Under a compile target the case's samples are compiled together (:func:`run_compiled_batch`): one graph
 for many samples, since a real compiler takes seconds to minutes a graph. Each sample is still judged on
-its own. ``fullgraph=True`` proves that every sample's op went through the compiler (a graph break
-raises); a batch that fails to compile or raises is bisected down to the samples responsible, and a batch
-that breaks the graph falls back to a graph per sample, whole too (fullgraph): a sample dynamo cannot put in one
-graph ran its op, or part of it, eagerly, and is a harness error, never a pass.
+its own. The graph is built without dynamo where it can be (conformance/call_graph.py: the graph dynamo
+would build, at a fraction of its cost), and holds every sample's op. Where it cannot be built, dynamo
+builds it with ``fullgraph=True``, which proves the same (a graph break raises). A batch that fails to
+compile or raises is bisected down to the samples responsible, each then compiled alone through dynamo, so
+that no failure rests on a graph dynamo did not build; a batch that breaks dynamo's graph falls back to a
+graph per sample, whole too (fullgraph): a sample dynamo cannot put in one graph ran its op, or part of it,
+eagerly, and is a harness error, never a pass.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class SideResult:
     skipped: str | None = None  # why this sample cannot be judged
     graphs: int | None = None  # compile targets: graphs compiled for this sample (0: it ran eagerly)
     crashed: str | None = None  # compile targets: the compiler killed the worker on this sample alone (the death)
+    direct: bool = False  # compile targets: its graph was built without dynamo (conformance/call_graph.py)
 
 
 def _cotangents(outputs: list[torch.Tensor], seed: int, device) -> list[torch.Tensor]:
@@ -149,12 +153,13 @@ class BatchReport:
     alone: list[int] | None = None  # samples compiled in a graph of their own (graph breaks, bisection)
     fallback: str = ""  # why samples went to graphs of their own
     crashed: list[int] | None = None  # samples whose compilation alone killed the worker (conformance/journal.py)
+    direct: int = 0  # graphs built without dynamo (conformance/call_graph.py), of ``graphs``
     deaths: int = 0  # worker deaths this case resumed past
 
     def to_dict(self) -> dict:
         return {"graphs": self.graphs, "batches": self.batches or [], "bisected": self.bisected,
                 "alone": self.alone or [], "fallback": self.fallback, "crashed": self.crashed or [],
-                "deaths": self.deaths}
+                "deaths": self.deaths, "direct": self.direct}
 
 
 def run_compiled_batch(op, rule: OpRule, samples, parts: dict[int, Any], *, backward: bool, target,
@@ -188,8 +193,11 @@ def run_compiled_batch(op, rule: OpRule, samples, parts: dict[int, Any], *, back
             continue
         if journal is not None:
             journal.begin(group)
-        if len(group) == 1:  # a graph of its own, whole (fullgraph): a sample dynamo cannot graph whole ran
-            i = group[0]     # its op, or part of it, eagerly, and is a harness error (graphs 0), never a pass
+        outcome = _compile_group(op, rule, samples, parts, group, backward=backward, target=target, seeds=seeds,
+                                 dynamo=len(group) > 1)
+        if len(group) == 1 and not isinstance(outcome, dict):
+            # a graph of its own through dynamo, whole (fullgraph): a sample dynamo cannot graph whole ran
+            i = group[0]  # its op, or part of it, eagerly, and is a harness error (graphs 0), never a pass
             results[i] = run_op(op, rule, samples[i], parts[i], backward=backward, device=target.device,
                                 seed=seeds[i], prepare=lambda fn: target.compile(fn, fullgraph=True))
             if results[i].error_type in _graph_break_names():
@@ -198,9 +206,6 @@ def run_compiled_batch(op, rule: OpRule, samples, parts: dict[int, Any], *, back
             report.alone.append(i)
             report.graphs += results[i].graphs or 0
             outcome = None
-        else:
-            outcome = _compile_group(op, rule, samples, parts, group, backward=backward, target=target,
-                                     seeds=seeds)
         if journal is not None:
             journal.end()
         if outcome is None:
@@ -209,6 +214,8 @@ def run_compiled_batch(op, rule: OpRule, samples, parts: dict[int, Any], *, back
             results.update(outcome)
             report.batches.append(len(group))
             report.graphs += next(iter(outcome.values())).graphs or 0
+            if next(iter(outcome.values())).direct:
+                report.direct += 1
         elif _graph_break(outcome):  # dynamo cannot put the op in one graph: a graph per sample says how many
             report.fallback = report.fallback or f"{type(outcome).__name__}: {str(outcome).splitlines()[0]}"[:300]
             pending[:0] = [[i] for i in group]
@@ -243,25 +250,50 @@ def _graph_break(exc: BaseException) -> bool:
     return isinstance(exc, (dynamo_exc.Unsupported, dynamo_exc.UserError))
 
 
+def _direct_batch(fns, inputs, target):
+    """The batch compiled in a graph built without dynamo (conformance/call_graph.py), and its outputs or the
+    exception it raised when run. (None, None) where that graph cannot be built or compiled: dynamo then builds
+    it, before anything ran. A batch that raises is bisected down to samples in graphs of their own, which
+    dynamo builds: no sample is failed on a graph dynamo did not build."""
+    try:
+        compiled = target.compile_calls([(fn, (inp, *args), kwargs) for fn, (inp, args, kwargs) in zip(fns, inputs)])
+    except Exception:  # noqa: BLE001 - dynamo builds this batch instead
+        return None, None
+    try:  # once run, in-place samples have changed their inputs: what fails now is bisected, never rerun here
+        raw = compiled()
+        target.synchronize()
+    except Exception as exc:  # noqa: BLE001 - the caller bisects
+        return compiled, exc
+    return compiled, raw
+
+
 def _compile_group(op, rule: OpRule, samples, parts: dict[int, Any], group: list[int], *, backward: bool, target,
-                   seeds: dict[int, int]) -> dict[int, SideResult] | BaseException:
+                   seeds: dict[int, int], dynamo: bool = True) -> dict[int, SideResult] | BaseException | None:
     """One graph for the group's samples (fullgraph), then each sample's output processed (and, backward,
-    all gradients in one pass: the samples share no input). The exception when the batch fails."""
+    all gradients in one pass: the samples share no input). The exception when the batch fails. The graph is
+    built directly where it can be (:func:`_direct_batch`), else by dynamo; ``dynamo=False``: None instead of
+    dynamo's graph, or of a failure of the direct one (a lone sample then goes through dynamo on its own)."""
     # The samples' inputs go in as they are, nested: dynamo wraps them as graph inputs, and traces nothing but
     # the ops (unflattening them inside the traced function cost it as much as the ops themselves).
     fns = [op_callable(op, sample_variant(samples[i])) if sample_variant(samples[i]) else getattr(op, "op", op)
            for i in group]  # OpInfo.__call__ calls its op: the op itself is one frame fewer to trace
     inputs = [parts[i] if backward else _detached(parts[i]) for i in group]
+    compiled, raw = _direct_batch(fns, inputs, target)
+    direct = compiled is not None
+    if isinstance(raw, Exception):
+        return raw if dynamo else None
+    if compiled is None and not dynamo:
+        return None
+    if compiled is None:  # dynamo builds the graph: what the direct graph cannot say, or what failed there
+        def batch(all_parts):
+            return [fn(inp, *args, **kwargs) for fn, (inp, args, kwargs) in zip(fns, all_parts)]
 
-    def batch(all_parts):
-        return [fn(inp, *args, **kwargs) for fn, (inp, args, kwargs) in zip(fns, all_parts)]
-
-    compiled = target.compile(batch, fullgraph=True)
-    try:
-        raw = compiled(inputs)
-        target.synchronize()
-    except Exception as exc:  # noqa: BLE001 - the caller bisects or falls back
-        return exc
+        compiled = target.compile(batch, fullgraph=True)
+        try:
+            raw = compiled(inputs)
+            target.synchronize()
+        except Exception as exc:  # noqa: BLE001 - the caller bisects or falls back
+            return exc
     results: dict[int, SideResult] = {}
     pending: list[tuple[int, list, list]] = []
     for i, out in zip(group, raw):
@@ -286,11 +318,11 @@ def _compile_group(op, rule: OpRule, samples, parts: dict[int, Any], group: list
             grads = torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
             target.synchronize()
         except Exception as exc:  # noqa: BLE001 - the backward graph failed: bisect like a forward failure
-            return exc
+            return exc if dynamo else None
         taken = 0
         for i, ins, _ in pending:
             results[i] = SideResult(value=list(grads[taken:taken + len(ins)]))
             taken += len(ins)
     for result in results.values():
-        result.graphs = compiled.graphs
+        result.graphs, result.direct = compiled.graphs, direct
     return results

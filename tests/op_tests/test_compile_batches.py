@@ -40,6 +40,7 @@ def test_samples_compile_in_one_graph_and_a_rerun_in_the_build_compiles_nothing(
     assert row["outcome"]["status"] == "pass" and evidence["samples"] > 5
     compile = evidence["compile"]
     assert compile["batches"] == [evidence["samples"]] and compile["graphs"] == 1 and not compile["alone"]
+    assert compile["direct"] == 1, "the batch's graph is built without dynamo (conformance/call_graph.py)"
     assert compile["compiler"]["compiled"] == 1, "one graph for every sample"
     assert abs(compile["compiler"]["seconds"] - LATENCY) < 1e-9, "the latency of one graph, not one per sample"
     again = _ops(tmp_path, "--ops", "tanh", "--families", "none", "--emulator-profile", profile)
