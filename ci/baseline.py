@@ -129,7 +129,7 @@ def compare_builds(store, build: str, baseline: str, *, expectations: Expectatio
     for case_id in dict.fromkeys([*new, *old]):
         row = new.get(case_id) or old[case_id]
         source = build if case_id in new else baseline
-        case = Case(kind=row.kind, name=row.name, family=row.family, dtype=row.dtype, mode=row.mode)
+        case = Case(kind=row.kind, name=row.name, category=row.category, dtype=row.dtype, mode=row.mode)
         known = expectations.match(case, case_id) if expectations is not None else None
         current = new[case_id].status if case_id in new else None
         before = old[case_id].status if case_id in old else None

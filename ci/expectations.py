@@ -5,7 +5,7 @@ A backend team keeps one TOML file per backend next to its CI configuration::
     backend = "neuron"                  # optional: refuse to apply this file to another target
 
     [[failure]]
-    name = "nn.functional.gelu"         # globs over the case's kind, family, name, dtype, mode
+    name = "nn.functional.gelu"         # globs over the case's kind, category, name, dtype, mode
     dtype = "bfloat16"
     reason = "tanh approximation on the Scalar Engine is off by 2 ulp"
     issue = "https://github.com/aws-neuron/aws-neuron-sdk/issues/1323"
@@ -31,7 +31,8 @@ from pathlib import Path
 
 from conformance.case import Case
 
-SELECTORS = ("kind", "family", "name", "dtype", "mode")
+SELECTORS = ("kind", "category", "name", "dtype", "mode")  # category: an op's OpInfo variant, a model's family, ...
+OLD_NAMES = {"family": "category"}  # selectors as files written before a rename call them
 KEYS = ("id", *SELECTORS, "reason", "issue")
 TOP_KEYS = ("backend", "failure")
 
@@ -46,7 +47,7 @@ class KnownFailure:
     issue: str
     id: str = ""
     kind: str = "*"
-    family: str = "*"
+    category: str = "*"
     name: str = "*"
     dtype: str = "*"
     mode: str = "*"
@@ -122,7 +123,7 @@ def load_expectations(path: str | Path) -> Expectations:
     for i, entry in enumerate(entries, 1):
         where = f"{path}: failure {i}"
         for key, value in entry.items():
-            if key not in KEYS:
+            if key not in KEYS and key not in OLD_NAMES:
                 raise _unknown(key, KEYS, where)
             if not isinstance(value, str):
                 raise ExpectationsError(f"{where}: {key}={value!r} (type={type(value).__name__}): expected a string")
@@ -132,6 +133,9 @@ def load_expectations(path: str | Path) -> Expectations:
         if not entry["issue"].startswith(("https://", "http://")):
             raise ExpectationsError(f"{where}: issue={entry['issue']!r} (type=str): expected a link, "
                                     "e.g. https://github.com/OWNER/REPO/issues/N")
+        if any(old in entry and new in entry for old, new in OLD_NAMES.items()):
+            raise ExpectationsError(f"{where}: give category, not both category and its old name family")
+        entry = {OLD_NAMES.get(k, k): v for k, v in entry.items()}
         if not any(k in entry for k in ("id", *SELECTORS)):
             raise ExpectationsError(f"{where}: selects nothing: give id or at least one of {', '.join(SELECTORS)}")
         if "id" in entry and any(k in entry for k in SELECTORS):

@@ -82,7 +82,7 @@ def cmd_distributed(args) -> int:
             raise UsageError(f"--world-size {args.world_size!r}: {'; '.join(dict.fromkeys(unfit))}")
         everything = sorted({n for suite in known for w in (2, 4) for n in _names(suite, w)})
         raise UsageError(f"--filter {args.filter!r} selects nothing (names: {', '.join(everything)})")
-    return run_cases(args, cases, kind_label="distributed", timeout=DEFAULT_TIMEOUT, group="family")
+    return run_cases(args, cases, kind_label="distributed", timeout=DEFAULT_TIMEOUT, group="suite")
 
 
 def register(sub) -> None:

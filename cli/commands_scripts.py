@@ -58,7 +58,7 @@ def cmd_scripts(args) -> int:
         for c in cases:
             print(c.id, c.title)
         return 0
-    return run_cases(args, cases, kind_label="scripts", timeout=900.0, group="family")
+    return run_cases(args, cases, kind_label="scripts", timeout=900.0, group="convention")
 
 
 def register(sub) -> None:

@@ -66,6 +66,8 @@ def _settings(args, *, timeout: float, build: str, warmup: tuple[str, ...] = (),
 
 
 def run_cases(args, cases, *, kind_label: str, timeout: float, group: str = "dtype", warmup: tuple[str, ...] = ()) -> int:
+    """Runs the cases as one build; the summary table counts outcomes per dtype, or (any other ``group``: the
+    column's heading, e.g. ``family`` for models) per case category."""
     from conformance.case import parse_shard
     from results.store import ResultStore
     from runner.reporters import JsonLinesWriter, JUnitWriter, ProgressReporter, StoreWriter
@@ -111,7 +113,7 @@ def run_cases(args, cases, *, kind_label: str, timeout: float, group: str = "dty
         failure_lines = _failure_groups(store, build)
     if summary.skipped_resume:
         console.print(f"resumed: {summary.skipped_resume} cases already had results")
-    groups = summary.by_family if group == "family" else summary.by_dtype
+    groups = summary.by_dtype if group == "dtype" else summary.by_category
     console.print(summary_table(f"{kind_label}: {target.describe()} (build {build})", summary.counts, groups, group))
     for line in failure_lines:
         console.print(line, markup=False, soft_wrap=True)

@@ -28,7 +28,9 @@ def canonical_json(value: Any) -> str:
 class Case:
     kind: str  # one of CASE_KINDS
     name: str  # op name, model architecture, script path
-    family: str = ""  # OpInfo variant / model family
+    # What the name belongs to within its kind: an op's OpInfo variant (``variant_test_name``, mostly ""), a
+    # model's family (timm, hf, ...), a distributed case's suite, a script's convention, a survey's probe.
+    category: str = ""
     dtype: str = ""
     mode: str = ""  # forward / backward, eval / train / steps
     config: dict = field(default_factory=dict)  # everything else needed to rebuild it (JSON-able)
@@ -40,8 +42,9 @@ class Case:
 
     @property
     def id(self) -> str:
+        # Positional: the fields' names are not hashed (``category`` was ``family``: same ids).
         payload = canonical_json(
-            [self.kind, self.name, self.family, self.dtype, self.mode, self.config, self.seed]
+            [self.kind, self.name, self.category, self.dtype, self.mode, self.config, self.seed]
         )
         return hashlib.sha1(payload.encode()).hexdigest()[:16]
 
@@ -50,8 +53,8 @@ class Case:
         """A readable name, e.g. ``op:nn.functional.gelu[float32,backward]#3``."""
         parts = [p for p in (self.dtype, self.mode) if p]
         label = f"{self.kind}:{self.name}"
-        if self.family:
-            label += f".{self.family}"
+        if self.category:
+            label += f".{self.category}"
         if parts:
             label += f"[{','.join(parts)}]"
         inputs = self.config.get("inputs") or (self.config.get("source") if self.config.get("source") not in
@@ -67,7 +70,7 @@ class Case:
         return {
             "kind": self.kind,
             "name": self.name,
-            "family": self.family,
+            "category": self.category,
             "dtype": self.dtype,
             "mode": self.mode,
             "config": self.config,
@@ -79,7 +82,7 @@ class Case:
         return cls(
             kind=d["kind"],
             name=d["name"],
-            family=d.get("family", ""),
+            category=d.get("category", d.get("family", "")),  # "family" in dicts written before the rename
             dtype=d.get("dtype", ""),
             mode=d.get("mode", ""),
             config=dict(d.get("config", {})),

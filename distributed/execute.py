@@ -30,7 +30,7 @@ def distributed_case(suite: str, name: str, world_size: int, *, seed: int = 0, s
     config: dict[str, Any] = {"suite": suite, "world_size": world_size}
     if steps:
         config["steps"] = steps
-    return Case(kind="distributed", name=name, family=suite, mode=f"world{world_size}", config=config, seed=seed)
+    return Case(kind="distributed", name=name, category=suite, mode=f"world{world_size}", config=config, seed=seed)
 
 
 def execute_distributed_case(case: Case, ctx) -> Outcome:

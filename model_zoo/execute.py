@@ -40,7 +40,7 @@ MAX_CACHED_MODEL_BYTES = 16 << 20
 
 def model_case(config) -> Case:
     """The Case of a model_zoo.ModelConfig. Its config holds only the fields set, so its id survives a new field."""
-    return Case(kind="model", name=config.arch, family=config.family, dtype=config.dtype,
+    return Case(kind="model", name=config.arch, category=config.family, dtype=config.dtype,
                 mode=config.mode if config.mode != "steps" else f"steps{config.steps}",
                 config=config.set_fields(), seed=config.seed)
 

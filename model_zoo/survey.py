@@ -124,9 +124,9 @@ def survey_one(name: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- isolation
-def _probe_function(family: str):
-    """What a survey case runs, by its family: the build-and-train check here, or timm's size probe."""
-    if family == "timm-probe":
+def _probe_function(probe: str):
+    """What a survey case runs, by its category: the build-and-train check here, or timm's size probe."""
+    if probe == "timm-probe":
         from .families import timm_probe
 
         return timm_probe.probe
@@ -136,7 +136,7 @@ def _probe_function(family: str):
 def execute_survey_case(case: Case, ctx) -> Outcome:
     """Runs the case's probe on the entry ``case.name``; its record is the evidence (a raise is the record too)."""
     try:
-        value = _probe_function(case.family)(case.name)
+        value = _probe_function(case.category)(case.name)
     except Exception as exc:  # noqa: BLE001 - the failure is the result
         import traceback
 

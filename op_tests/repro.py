@@ -96,7 +96,7 @@ def find_op():
     from torch.testing._internal.common_methods_invocations import op_db
 
     for op in op_db:
-        if op.name == CASE["name"] and op.variant_test_name == CASE["family"]:
+        if op.name == CASE["name"] and op.variant_test_name == CASE["category"]:
             return op
     sys.exit(f"op {{CASE['name']}} not found in this torch's op_db")
 

@@ -62,7 +62,7 @@ def get_op(key: str):
 
 def case_op(case: Case):
     """The OpInfo entry an op case runs: its name, with its OpInfo variant where it has one."""
-    return get_op(f"{case.name}.{case.family}" if case.family else case.name)
+    return get_op(f"{case.name}.{case.category}" if case.category else case.name)
 
 
 def sample_seed(case: Case, index: int) -> int:
@@ -143,7 +143,7 @@ def op_cases(selection: OpSelection = OpSelection()) -> list[Case]:
                 if selection.max_samples:
                     config["max_samples"] = selection.max_samples
                 cases.append(
-                    Case(kind="op", name=op.name, family=op.variant_test_name, dtype=name, mode=direction,
+                    Case(kind="op", name=op.name, category=op.variant_test_name, dtype=name, mode=direction,
                          config=config, seed=selection.seed)
                 )
     return cases
@@ -178,7 +178,7 @@ def hypothesis_cases(selection: OpSelection = OpSelection()) -> list[Case]:
             for direction in selection.directions:
                 if direction == "backward" and not supports_backward(op, to_dtype(name)):
                     continue
-                cases.append(Case(kind="op", name=op.name, family=op.variant_test_name, dtype=name, mode=direction,
+                cases.append(Case(kind="op", name=op.name, category=op.variant_test_name, dtype=name, mode=direction,
                                   config={"source": "hypothesis", "examples": selection.hypothesis_examples},
                                   seed=selection.seed))
     return cases
@@ -207,7 +207,7 @@ def family_cases(selection: OpSelection = OpSelection()) -> list[Case]:
                         continue
                     if direction == "backward" and not supports_backward(op, to_dtype(name)):
                         continue
-                    cases.append(Case(kind="op", name=op.name, family=op.variant_test_name, dtype=name,
+                    cases.append(Case(kind="op", name=op.name, category=op.variant_test_name, dtype=name,
                                       mode=direction, config={"source": "family", "inputs": fam.name},
                                       seed=selection.seed))
     return cases

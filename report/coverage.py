@@ -34,7 +34,7 @@ def model_column(mode: str) -> str | None:
 
 
 def op_key(row) -> str:
-    return f"{row.name}.{row.family}" if row.family else row.name
+    return f"{row.name}.{row.category}" if row.category else row.name  # the OpInfo variant
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,7 +141,7 @@ def model_families(rows: Iterable) -> list[FamilyCoverage]:
         if r.kind != "model":
             continue
         column = model_column(r.mode)
-        arch = archs.setdefault((r.family, r.name), Architecture(family=r.family, name=r.name))
+        arch = archs.setdefault((r.category, r.name), Architecture(family=r.category, name=r.name))  # its family
         if column is None:
             continue
         cell = arch.columns.setdefault(column, Cell())
@@ -177,7 +177,7 @@ def verdicts_by_family(rows: Iterable) -> dict[str, dict[str, int]]:
         verdict = verdict_of(r)
         if verdict is None or r.kind not in ("op", "model"):
             continue
-        family = "ops" if r.kind == "op" else (r.family or "-")
+        family = "ops" if r.kind == "op" else (r.category or "-")
         counts = out.setdefault(family, {v: 0 for v in VERDICTS})
         counts[verdict] += 1
     return dict(sorted(out.items(), key=lambda kv: (kv[0] != "ops", kv[0])))

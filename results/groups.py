@@ -78,7 +78,7 @@ class Failure:
 
 @dataclass(slots=True, kw_only=True)
 class FailureGroup:
-    name: str  # op key, or family/name for other kinds
+    name: str  # op key, or category/name for other kinds
     cause: str  # what the failing inputs share, or the error signature
     key: tuple
     named: bool = True  # the cause is a fact about the inputs; False: it is an error message
@@ -122,8 +122,8 @@ class FailureGroup:
 
 def failure_name(case) -> str:
     if case.kind == "op":
-        return f"{case.name}.{case.family}" if case.family else case.name
-    return f"{case.family}/{case.name}" if case.family else case.name
+        return f"{case.name}.{case.category}" if case.category else case.name
+    return f"{case.category}/{case.name}" if case.category else case.name
 
 
 def _key_and_cause(f: Failure) -> tuple[tuple, str]:

@@ -34,7 +34,7 @@ class StatusRow:
 
     case_id: str
     kind: str
-    family: str
+    category: str
     name: str
     dtype: str
     mode: str
@@ -51,7 +51,7 @@ class PrecisionRow:
 
     case_id: str
     name: str
-    family: str
+    category: str
     dtype: str
     mode: str
     title: str
@@ -69,12 +69,12 @@ class RerunRow:
 
 
 # The columns that rebuild a Case, in the order case_from_columns takes them.
-CASE_COLUMNS = "c.kind, c.name, c.family, c.dtype, c.mode, c.config, c.seed"
+CASE_COLUMNS = "c.kind, c.name, c.category, c.dtype, c.mode, c.config, c.seed"
 
 
-def case_from_columns(kind: str, name: str, family: str, dtype: str, mode: str, config: str, seed: int) -> Case:
+def case_from_columns(kind: str, name: str, category: str, dtype: str, mode: str, config: str, seed: int) -> Case:
     """The Case a row of ``cases`` records (selected as :data:`CASE_COLUMNS`)."""
-    return Case(kind=kind, name=name, family=family, dtype=dtype, mode=mode, config=json.loads(config), seed=seed)
+    return Case(kind=kind, name=name, category=category, dtype=dtype, mode=mode, config=json.loads(config), seed=seed)
 
 
 def build_from_row(row: tuple) -> BuildInfo:

@@ -2,13 +2,13 @@
 
 Tables: ``builds`` (one row per backend build that was tested), ``cases`` (what ran, by stable case
 id), ``results`` (one outcome per build and case) and, from version 2, ``reruns`` (the gate's reruns
-of a build's cases). How the SQL is applied, to a new store and to an old one, is
+of a build's cases); version 4 calls the case's category ``category`` (``family`` before). How the SQL is applied, to a new store and to an old one, is
 :mod:`results.migrations`.
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # The schema as version 1 shipped it, kept verbatim: every store, new or old, starts from it.
 SCHEMA_V1 = """
@@ -69,6 +69,11 @@ CREATE TABLE reruns (
     2: """
 ALTER TABLE results ADD COLUMN infra_retries INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX results_with_retries ON results(build_id, infra_retries);
+""",
+    # 4: the case's category (an op's OpInfo variant, a model's family, a distributed suite, a script's
+    # convention) was the column ``family``, a word the model zoo and the op suite's input strategies used too.
+    3: """
+ALTER TABLE cases RENAME COLUMN family TO category;
 """,
 }
 RETRIES_KEY = "infra_retries"  # the outcome's evidence: the retries runner.supervisor made, [{node, reason, ...}]

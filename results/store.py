@@ -159,21 +159,21 @@ class ResultStore:
     def statuses(self, build_id: str) -> list[StatusRow]:
         """Every result of a build without its evidence, by title (cheap enough for every build in a trend)."""
         rows = self.conn.execute(
-            "SELECT r.case_id, c.kind, c.family, c.name, c.dtype, c.mode, c.title, r.outcome, r.message, r.duration "
+            "SELECT r.case_id, c.kind, c.category, c.name, c.dtype, c.mode, c.title, r.outcome, r.message, r.duration "
             "FROM results r JOIN cases c ON c.id = r.case_id WHERE r.build_id=? ORDER BY c.title", (build_id,))
-        return [StatusRow(case_id=r[0], kind=r[1], family=r[2], name=r[3], dtype=r[4], mode=r[5], title=r[6],
+        return [StatusRow(case_id=r[0], kind=r[1], category=r[2], name=r[3], dtype=r[4], mode=r[5], title=r[6],
                           status=Status(r[7]), message=r[8], duration=r[9]) for r in rows]
 
     def precision(self, build_id: str) -> dict[str, PrecisionRow]:
         """The worst errors of a build's passing cases with float outputs, by case id (read with SQLite's JSON
         functions, without loading the evidence into Python): one query per build, cheap enough for a trend."""
         rows = self.conn.execute(
-            "SELECT r.case_id, c.name, c.family, c.dtype, c.mode, c.title, json_extract(r.metrics, '$.max_ulp'), "
+            "SELECT r.case_id, c.name, c.category, c.dtype, c.mode, c.title, json_extract(r.metrics, '$.max_ulp'), "
             "coalesce(json_extract(r.metrics, '$.max_rel'), 0), coalesce(json_extract(r.evidence, '$.evidence.samples'), 0) "
             "FROM results r JOIN cases c ON c.id = r.case_id "
             "WHERE r.build_id=? AND r.outcome='pass' AND json_extract(r.metrics, '$.max_ulp') IS NOT NULL",
             (build_id,))
-        return {r[0]: PrecisionRow(case_id=r[0], name=r[1], family=r[2], dtype=r[3], mode=r[4], title=r[5],
+        return {r[0]: PrecisionRow(case_id=r[0], name=r[1], category=r[2], dtype=r[3], mode=r[4], title=r[5],
                                    max_ulp=float(r[6]), max_rel=float(r[7]), samples=int(r[8])) for r in rows}
 
     def infra_retries(self, build_id: str) -> dict[str, list[dict]]:

@@ -59,9 +59,9 @@ def insert_result(conn: sqlite3.Connection, folder: Path, build_id: str, case: C
         artifacts.update({str(k): stored_path(folder, str(v)) for k, v in extra.items() if v})
         record["evidence"] = {**record["evidence"], "artifacts": {k: v for k, v in artifacts.items() if k != "repro"}}
     conn.execute(
-        "INSERT OR IGNORE INTO cases (id, kind, family, name, dtype, mode, config, title, seed) "
+        "INSERT OR IGNORE INTO cases (id, kind, category, name, dtype, mode, config, title, seed) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (case.id, case.kind, case.family, case.name, case.dtype, case.mode,
+        (case.id, case.kind, case.category, case.name, case.dtype, case.mode,
          json.dumps(case.config, sort_keys=True, default=str), case.title, case.seed),
     )
     retries = outcome.evidence.get(RETRIES_KEY)

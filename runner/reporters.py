@@ -29,7 +29,7 @@ def xml_text(text: str) -> str:
 
 def junit_classname(case) -> str:
     """How CI viewers group cases: ``op.nn.functional.gelu``, ``model.timm.resnet18``, ``script.examples``."""
-    return ".".join(p for p in (case.kind, case.family if case.kind != "op" else "", case.name) if p)
+    return ".".join(p for p in (case.kind, case.category if case.kind != "op" else "", case.name) if p)
 
 
 def junit_document(name: str, *, tests: int, failures: int, skipped: int, seconds: float,

@@ -45,7 +45,7 @@ class SuiteSummary:
     skipped_resume: int
     counts: dict[str, int] = field(default_factory=dict)
     by_dtype: dict[str, dict[str, int]] = field(default_factory=dict)
-    by_family: dict[str, dict[str, int]] = field(default_factory=dict)
+    by_category: dict[str, dict[str, int]] = field(default_factory=dict)  # Case.category (else its name)
     seconds: float = 0.0
     case_seconds: float = 0.0  # the cases' own time, summed over workers (their outcomes' durations)
     # The harness's own retries (a lost node, a killed worker, a shared memory cap): not the backend's failures.
@@ -81,7 +81,7 @@ class SuiteSummary:
 
     def add(self, case: Case, status: Status) -> None:
         self.counts[status.value] = self.counts.get(status.value, 0) + 1
-        for table, key in ((self.by_dtype, case.dtype), (self.by_family, case.family or case.name)):
+        for table, key in ((self.by_dtype, case.dtype), (self.by_category, case.category or case.name)):
             per = table.setdefault(key or "-", {})
             per[status.value] = per.get(status.value, 0) + 1
 

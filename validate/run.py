@@ -74,7 +74,7 @@ class Validation:
 
 def script_case(options: ValidateOptions) -> Case:
     """The stored case of a check: the script by its path from here, with what changes what it runs."""
-    return Case(kind="script", name=options.script.display, family=options.script.convention, mode=options.mode,
+    return Case(kind="script", name=options.script.display, category=options.script.convention, mode=options.mode,
                 config={"args": list(options.script_args), "steps": options.steps, "seed": options.seed},
                 seed=options.seed)
 

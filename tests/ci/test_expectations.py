@@ -24,7 +24,7 @@ issue = "https://github.com/aws-neuron/aws-neuron-sdk/issues/827"
 
 [[failure]]
 kind = "model"
-family = "timm"
+category = "timm"
 mode = "steps*"
 reason = "bf16 fine-tuning collapse"
 issue = "https://github.com/aws-neuron/aws-neuron-sdk/issues/667"
@@ -45,6 +45,18 @@ def test_globs_and_ids_match(tmp_path):
     exp.check_backend("neuron:compile")
     with pytest.raises(ExpectationsError, match="cannot judge a build of target 'cuda'"):
         exp.check_backend("cuda")
+
+
+def test_family_is_still_read_as_category(tmp_path):
+    """Files written when the selector was called family keep working; giving both is refused."""
+    path = tmp_path / "old.toml"
+    path.write_text('[[failure]]\nfamily = "timm"\nreason = "r"\nissue = "https://x/1"\n')
+    exp = load_expectations(path)
+    assert exp.match(model("timm", "resnet18", "eval")).category == "timm"
+    assert exp.match(model("hf", "gpt2", "eval")) is None
+    path.write_text('[[failure]]\nfamily = "timm"\ncategory = "hf"\nreason = "r"\nissue = "https://x/1"\n')
+    with pytest.raises(ExpectationsError, match="not both category and its old name family"):
+        load_expectations(path)
 
 
 @pytest.mark.parametrize("body, message", [

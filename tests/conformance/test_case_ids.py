@@ -63,3 +63,12 @@ def test_distributed_case_ids(args, expected):
 
     suite, name, world, *steps = args
     assert distributed_case(suite, name, world, steps=steps[0] if steps else 0).id == expected
+
+
+def test_a_case_dict_written_with_family_reads_as_its_category():
+    """Dicts written before ``Case.family`` became ``category`` (JSON lines, reproducers) rebuild the same case."""
+    from conformance.case import Case
+
+    case = Case(kind="model", name="timm/resnet18", category="timm", dtype="float32", mode="eval")
+    old = {k: v for k, v in case.to_dict().items() if k != "category"} | {"family": "timm"}
+    assert Case.from_dict(old) == case and Case.from_dict(old).id == case.id

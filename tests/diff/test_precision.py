@@ -139,12 +139,12 @@ def test_headlines_separate_within_precision_from_pass_mismatch_and_inconclusive
 
     from report.coverage import verdicts_by_family
 
-    rows = [Row(kind="op", family="", status=Status.PASS, message="3 / 3 samples match"),
-            Row(kind="op", family="", status=Status.PASS, message="3 / 3 samples match; 1 of them within device "
+    rows = [Row(kind="op", category="", status=Status.PASS, message="3 / 3 samples match"),
+            Row(kind="op", category="", status=Status.PASS, message="3 / 3 samples match; 1 of them within device "
                                                                   "precision (bf16 matmul operands): 9 of 8 ..."),
-            Row(kind="model", family="timm", status=Status.INCONCLUSIVE, message="inconclusive: ..."),
-            Row(kind="model", family="timm", status=Status.MISMATCH, message="beyond device precision"),
-            Row(kind="model", family="timm", status=Status.SKIP, message="")]
+            Row(kind="model", category="timm", status=Status.INCONCLUSIVE, message="inconclusive: ..."),
+            Row(kind="model", category="timm", status=Status.MISMATCH, message="beyond device precision"),
+            Row(kind="model", category="timm", status=Status.SKIP, message="")]
     table = verdicts_by_family(rows)
     assert table["ops"]["pass"] == 1 and table["ops"]["within precision"] == 1
     assert table["timm"]["inconclusive"] == 1 and table["timm"]["mismatch"] == 1 and table["timm"]["pass"] == 0

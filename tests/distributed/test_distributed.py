@@ -22,7 +22,7 @@ def _run(tmp, *args, faults: str = "", env: dict | None = None) -> dict[str, dic
                      "-j", "2", *args, env={**EXACT, **(env or {}), "NEURON_VALIDATE_FAULTS": faults})
     assert result.returncode in (0, 1), result.stderr[-3000:]
     rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
-    return {f"{r['case']['family']}:{r['case']['name']}:{r['case']['mode']}": r["outcome"] for r in rows}
+    return {f"{r['case']['category']}:{r['case']['name']}:{r['case']['mode']}": r["outcome"] for r in rows}
 
 
 def test_clean_runs_match_on_two_and_four_ranks(tmp_path):

@@ -114,7 +114,7 @@ def site(tmp_path_factory):
 
 def test_headline_figures():
     """Hand-counted: pairs add/f32 (fwd+bwd pass), tanh/f32 (fails), gelu/bf16 (fails), evil/f32 (fails)."""
-    rows = [type("R", (), dict(kind="op", name=n, family="", dtype=d, mode=m, status=s, case_id=n + m))()
+    rows = [type("R", (), dict(kind="op", name=n, category="", dtype=d, mode=m, status=s, case_id=n + m))()
             for n, d, m, s in [("add", "f32", "forward", "pass"), ("add", "f32", "backward", "pass"),
                                ("tanh", "f32", "forward", "mismatch"), ("tanh", "f32", "backward", "pass")]]
     for r in rows:

@@ -7,12 +7,12 @@ from conformance.case import Case
 from conformance.outcome import Outcome, Status
 
 
-def op(name: str, dtype: str = "float32", mode: str = "forward", family: str = "") -> Case:
-    return Case(kind="op", name=name, family=family, dtype=dtype, mode=mode, config={"source": "opinfo"})
+def op(name: str, dtype: str = "float32", mode: str = "forward", variant: str = "") -> Case:
+    return Case(kind="op", name=name, category=variant, dtype=dtype, mode=mode, config={"source": "opinfo"})
 
 
 def model(family: str, name: str, mode: str, dtype: str = "float32") -> Case:
-    return Case(kind="model", name=name, family=family, dtype=dtype, mode=mode, config={"arch": name})
+    return Case(kind="model", name=name, category=family, dtype=dtype, mode=mode, config={"arch": name})
 
 
 def write_build(store, build_id: str, results: list[tuple[Case, str]], *, created: float | None = None,

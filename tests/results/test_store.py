@@ -26,7 +26,7 @@ from results.store import (
     schema_version,
 )
 from tests.conftest import REPO, run_cli
-from tests.results.rows import op, write_build
+from tests.results.rows import model, op, write_build
 
 
 def _v1_store(folder) -> None:
@@ -41,6 +41,11 @@ def _v1_store(folder) -> None:
     outcome = Outcome(case_id=case.id, status=Status.PASS, message="16 / 16 samples match")
     conn.execute("INSERT INTO results VALUES ('old', ?, 'pass', '16 / 16 samples match', '{}', NULL, 0.5, '{}', ?, 2.0)",
                  (case.id, json.dumps(outcome.to_dict())))
+    resnet = model("timm", "resnet18", "eval")  # its category (the model family) was the column family then
+    conn.execute("INSERT INTO cases VALUES (?, 'model', 'timm', 'resnet18', 'float32', 'eval', ?, ?)",
+                 (resnet.id, json.dumps(resnet.config), resnet.title))
+    conn.execute("INSERT INTO results VALUES ('old', ?, 'pass', '', '{}', NULL, 0.5, '{}', ?, 3.0)",
+                 (resnet.id, json.dumps(Outcome(case_id=resnet.id, status=Status.PASS).to_dict())))
     conn.close()
 
 
@@ -155,8 +160,10 @@ def test_old_schema_is_refused_until_migrated_explicitly(tmp_path):
     r = run_cli("neuron-conformance", "migrate", "--results", str(tmp_path))
     assert r.returncode == 0 and f"from schema version 1 to {SCHEMA_VERSION}" in r.stdout, r.stdout + r.stderr
     with ResultStore.open(tmp_path) as store:
-        (row,) = store.results("old")
+        row, model_row = sorted(store.results("old"), key=lambda r: r.case.kind, reverse=True)
         assert row.outcome.message == "16 / 16 samples match" and row.case.id == op("tanh").id
+        assert model_row.case == model("timm", "resnet18", "eval"), "the family column is the category, same id"
+        assert {r.category for r in store.statuses("old")} == {"", "timm"}
         assert store.reruns("old") == {} and store.infra_retries("old") == {}
     r = run_cli("neuron-conformance", "migrate", "--results", str(tmp_path))
     assert r.returncode == 0 and f"already at schema version {SCHEMA_VERSION}" in r.stdout
