@@ -1,7 +1,7 @@
 """Figures of the compile-mode sweep against the eager sweep, and its projection for a slow compiler.
 
 Runs ``neuron-conformance ops`` on a stratified slice of op_db (every N-th op by name, both directions,
-every input family) under the ``exact`` profile, once eager (``--target neuron``) and once compiled
+every input strategy) under the ``exact`` profile, once eager (``--target neuron``) and once compiled
 (``--target neuron:compile``), with no reference cache, and prints:
   1. each sweep's cases, samples and wall time, and their ratio (goal: compile at most 2x eager);
   2. the graphs the compiled sweep compiled (samples compiled together: one graph per batch) against its
@@ -13,15 +13,15 @@ ground truth), keeps its results and reproducers under ``--results`` (``artifact
 prints its wall time, outcomes, the projected time of the whole sweep, and every case that did not pass.
 Prints figures only; it asserts nothing.
 
-    python bench/compile_sweep.py [--every 10] [-j 2] [--latency 2.0] [--families all]
-    python bench/compile_sweep.py --inductor --every 20 --directions forward --families none --results runs/inductor
+    python bench/compile_sweep.py [--every 10] [-j 2] [--latency 2.0] [--strategies all]
+    python bench/compile_sweep.py --inductor --every 20 --directions forward --strategies none --results runs/inductor
 
 With ``--catch-rate`` it measures how many samples a compile-only fault is caught in: the emulated device's
 ops perturbed by 0.5% (``perturb@OP,rel=0.005``), once in eager code (``mode=eager``, target ``neuron``: the
 samples where the fault shows at all) and once only inside compiled graphs (``mode=compile``, target
 ``neuron:compile``); it prints the samples caught under compile of those that show the fault in eager mode.
 
-    python bench/compile_sweep.py --catch-rate [--catch-ops tanh=aten::tanh,...] [--families all]
+    python bench/compile_sweep.py --catch-rate [--catch-ops tanh=aten::tanh,...] [--strategies all]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import argparse
 import glob
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -45,16 +46,24 @@ def _ops(every: int) -> tuple[list[str], int]:
     return names[::every], len(names)
 
 
-def _sweep(ops: list[str], target: str, jobs: int, families: str, out: str, *extra: str) -> tuple[float, list[dict]]:
+def _sweep(ops: list[str], target: str, jobs: int, strategies: str, out: str, *extra: str) -> tuple[float, list[dict]]:
     exe = os.path.join(os.path.dirname(sys.executable), "neuron-conformance")
     jsonl = os.path.join(out, "cases.jsonl")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _children_cpu()
     subprocess.run([exe, "ops", "--ops", ",".join(ops), "--target", target, "--emulator-profile", "exact",
-                    "--families", families, "-j", str(jobs), "--results", os.path.join(out, "runs"),
+                    "--strategies", strategies, "-j", str(jobs), "--results", os.path.join(out, "runs"),
                     "--no-reference-cache", "--jsonl", jsonl, *extra], capture_output=True, text=True, cwd=REPO)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, _children_cpu() - cpu
     rows = [json.loads(line) for line in open(jsonl)] if os.path.exists(jsonl) else []
+    if rows:
+        rows[0]["cpu_s"] = cpu  # the run's processor time, which other work on the machine inflates far less
     return wall, rows
+
+
+def _children_cpu() -> float:
+    """Processor seconds (user + system) of every finished child process and its children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> int:
@@ -62,7 +71,8 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=10, help="every N-th op of op_db, by name")
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--latency", type=float, default=2.0, help="seconds a graph for the projection")
-    parser.add_argument("--families", default="all")
+    parser.add_argument("--strategies", "--families", dest="strategies", default="all",
+                        help="input strategies, comma-separated; 'all' or 'none' (--families: its old name)")
     parser.add_argument("--inductor", action="store_true", help="the cpu:compile slice (inductor) only")
     parser.add_argument("--directions", default="forward,backward")
     parser.add_argument("--hypothesis-examples", default="16")
@@ -88,22 +98,24 @@ def main() -> int:
     figures = {}
     for target in ("neuron", "neuron:compile"):
         with tempfile.TemporaryDirectory() as out:
-            wall, rows = _sweep(ops, target, args.jobs, args.families, out)
+            wall, rows = _sweep(ops, target, args.jobs, args.strategies, out)
         samples = sum(r["outcome"]["evidence"].get("samples", 0) for r in rows)
         statuses: dict[str, int] = {}
         for r in rows:
             statuses[r["outcome"]["status"]] = statuses.get(r["outcome"]["status"], 0) + 1
         graphs = sum((r["outcome"]["evidence"].get("compile") or {}).get("graphs", 0) for r in rows)
         direct = sum((r["outcome"]["evidence"].get("compile") or {}).get("direct", 0) for r in rows)
-        figures[target] = (wall, len(rows), samples, graphs)
-        print(f"{target:15s} {len(rows):5d} cases, {samples:6d} samples in {wall:7.1f} s; outcomes {statuses}"
+        figures[target] = (wall, len(rows), samples, graphs, rows[0]["cpu_s"] if rows else 0.0)
+        print(f"{target:15s} {len(rows):5d} cases, {samples:6d} samples in {wall:7.1f} s "
+              f"({figures[target][4]:.0f} processor-seconds); outcomes {statuses}"
               + (f"; {graphs} graphs compiled, {direct} of them built without dynamo" if graphs else ""))
         for r in rows:
             if r["outcome"]["status"] not in ("pass", "skip"):
                 print(f"    {r['title']}: {r['outcome']['status']}: {r['outcome']['message'][:160]}")
     eager, compiled = figures["neuron"], figures["neuron:compile"]
     ratio = compiled[0] / eager[0] if eager[0] else float("nan")
-    print(f"compile / eager wall time: {ratio:.2f}x (goal: 2x at most)")
+    print(f"compile / eager wall time: {ratio:.2f}x (goal: 2x at most); processor time: "
+          f"{compiled[4] / eager[4] if eager[4] else float('nan'):.2f}x; load average now {os.getloadavg()[0]:.1f}")
     scale = total_ops / max(1, len(ops))
     graphs, samples = compiled[3] * scale, compiled[2] * scale
     base = compiled[0] * scale
@@ -117,27 +129,27 @@ def main() -> int:
 def _slice_cases(ops: list[str], args) -> list:
     from op_tests.sources import OpSelection, all_cases
 
-    families = () if args.families == "none" else tuple(args.families.split(",")) if args.families != "all" else None
-    if families is None:
-        from op_tests.families import FAMILIES
+    strategies = () if args.strategies == "none" else tuple(args.strategies.split(",")) if args.strategies != "all" else None
+    if strategies is None:
+        from op_tests.strategies import STRATEGIES
 
-        families = tuple(FAMILIES)
+        strategies = tuple(STRATEGIES)
     return all_cases(OpSelection(patterns=tuple(ops), directions=tuple(args.directions.split(",")),
-                                 hypothesis_examples=int(args.hypothesis_examples), families=families))
+                                 hypothesis_examples=int(args.hypothesis_examples), strategies=strategies))
 
 
 def _inductor(args, ops: list[str], total_ops: int) -> int:
     out = os.path.abspath(args.results or tempfile.mkdtemp(prefix="inductor-sweep-"))
     os.makedirs(out, exist_ok=True)
     print(f"cpu:compile (inductor): {len(ops)} of {total_ops} ops (every {args.every}th), directions "
-          f"{args.directions}, families {args.families}, hypothesis examples {args.hypothesis_examples}, "
+          f"{args.directions}, input strategies {args.strategies}, hypothesis examples {args.hypothesis_examples}, "
           f"-j {args.jobs}, load average {os.getloadavg()[0]:.1f} at start; results in {out}")
     if args.report_only:  # the cases a stopped run finished; wall time: their own time over the workers
         rows = [json.loads(line) for path in sorted(glob.glob(os.path.join(out, "*.jsonl"))) for line in open(path)]
         wall = sum(r["outcome"].get("duration_s") or 0.0 for r in rows) / args.jobs
         print(f"report only: {len(rows)} cases finished; wall time estimated as their own time / {args.jobs}")
     else:
-        wall, rows = _sweep(ops, "cpu:compile", args.jobs, args.families, out, "--directions", args.directions,
+        wall, rows = _sweep(ops, "cpu:compile", args.jobs, args.strategies, out, "--directions", args.directions,
                             "--hypothesis-examples", args.hypothesis_examples, "--timeout", args.timeout,
                             "--build", "inductor")
     statuses: dict[str, int] = {}
@@ -151,7 +163,7 @@ def _inductor(args, ops: list[str], total_ops: int) -> int:
     planned = len(_slice_cases(ops, args))
     scale = total_ops / max(1, len(ops)) * planned / max(1, len(rows))
     print(f"{len(rows)} of the slice's {planned} cases; projected for all {total_ops} ops with these directions and "
-          f"families: {wall * scale / 3600:.1f} h on {args.jobs} workers")
+          f"input strategies: {wall * scale / 3600:.1f} h on {args.jobs} workers")
     for r in sorted(rows, key=lambda r: r["title"]):
         if r["outcome"]["status"] not in ("pass", "skip"):
             repro = r["outcome"].get("repro") or ""
@@ -168,7 +180,7 @@ def _catch_rate(args) -> int:
         faults = ";".join(f"perturb@{name},rel=0.005,mode={mode}" for name in aten.values())
         os.environ["NEURON_VALIDATE_FAULTS"] = faults
         with tempfile.TemporaryDirectory() as out:
-            wall, rows = _sweep(ops, target, args.jobs, args.families, out, "--directions", args.directions,
+            wall, rows = _sweep(ops, target, args.jobs, args.strategies, out, "--directions", args.directions,
                                 "--hypothesis-examples", args.hypothesis_examples, "--dtypes", args.dtypes)
         del os.environ["NEURON_VALIDATE_FAULTS"]
         failing[mode] = {r["title"]: [s not in ("pass", "skip") for s in r["outcome"]["evidence"].get("sample_statuses", [])]

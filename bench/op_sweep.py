@@ -1,7 +1,7 @@
 """Figures of the operator sweep on the emulated device.
 
-Prints, for the selected ops (default: all of op_db, forward and backward, every input family):
-  0. the cases per source: OpInfo's samples, the hypothesis examples, and each input family
+Prints, for the selected ops (default: all of op_db, forward and backward, every input strategy):
+  0. the cases per source: OpInfo's samples, the hypothesis examples, and each input strategy
      (sizes, extremes, mixed, layouts, variants);
   1. the sweep with -j N: cases, wall time, and time split by generation,
      execution (reference, target) and comparison, summed over workers; time per source;
@@ -56,7 +56,7 @@ def sweep(cases, results, build, jobs, timeout):
 
 
 def source_of(case) -> str:
-    """opinfo, hypothesis, or the input family's name."""
+    """opinfo, hypothesis, or the input strategy's name."""
     return case.config.get("inputs") or case.config.get("source", "opinfo")
 
 
@@ -170,7 +170,8 @@ def main() -> None:
     parser.add_argument("--ops", default="*")
     parser.add_argument("--dtypes", default="")
     parser.add_argument("--directions", default="forward,backward")
-    parser.add_argument("--families", default="all", help="input families, comma-separated; 'all' or 'none'")
+    parser.add_argument("--strategies", "--families", dest="strategies", default="all",
+                        help="input strategies, comma-separated; 'all' or 'none' (--families: its old name)")
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--profile", default="exact")
     parser.add_argument("--timeout", type=float, default=300)
@@ -184,13 +185,13 @@ def main() -> None:
 
     from collections import Counter
 
-    from op_tests.families import FAMILIES
+    from op_tests.strategies import STRATEGIES
     from op_tests.sources import OpSelection, all_cases
 
     split = lambda s: tuple(x for x in s.split(",") if x)  # noqa: E731
-    families = FAMILIES if args.families == "all" else () if args.families == "none" else split(args.families)
+    strategies = STRATEGIES if args.strategies == "all" else () if args.strategies == "none" else split(args.strategies)
     cases = all_cases(OpSelection(patterns=split(args.ops) or ("*",), dtypes=split(args.dtypes),
-                                  directions=split(args.directions), families=families))
+                                  directions=split(args.directions), strategies=strategies))
     counts = Counter(source_of(c) for c in cases)
     print(f"cases: {len(cases)}; per source: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(),
                                                                                           key=lambda kv: -kv[1])))

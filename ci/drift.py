@@ -5,7 +5,7 @@ within tolerance passes the gate, and is news to the backend team before it
 becomes a failure. Every passing case with float outputs stores its worst
 error against the CPU reference, over all samples and outputs (``max_ulp``,
 in units in the last place of the output's dtype). Two builds' metrics are
-comparable when the case id is the same (the same op, dtype, input family
+comparable when the case id is the same (the same op, dtype, input strategy
 and seed, so the same samples), the same number of samples was judged, and
 the torch version is the same (OpInfo's samples change between versions).
 

@@ -1,4 +1,4 @@
-"""``neuron-conformance ops``: operator conformance, OpInfo x dtypes x forward/backward, plus the input families."""
+"""``neuron-conformance ops``: operator conformance, OpInfo x dtypes x forward/backward, plus the input strategies."""
 
 from __future__ import annotations
 
@@ -8,19 +8,19 @@ from .suite import add_suite_options, run_cases
 
 def cmd_ops(args) -> int:
     apply_environment(args)
-    from op_tests.families import FAMILIES
+    from op_tests.strategies import STRATEGIES
     from op_tests.sources import DIRECTIONS, OpSelection, UnknownOpError, all_cases
 
     directions = tuple(d.strip() for d in args.directions.split(",") if d.strip())
-    families = tuple(f.strip() for f in args.families.split(",") if f.strip())
-    families = FAMILIES if families == ("all",) else () if families == ("none",) else families
+    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+    strategies = STRATEGIES if strategies == ("all",) else () if strategies == ("none",) else strategies
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip()) if args.dtypes else ()
     try:
         cases = all_cases(OpSelection(
             patterns=tuple(p.strip() for p in args.ops.split(",") if p.strip()) or ("*",),
             exclude=tuple(p.strip() for p in (args.exclude or "").split(",") if p.strip()),
             dtypes=dtypes, directions=directions or DIRECTIONS, max_samples=args.max_samples, seed=args.seed,
-            hypothesis_examples=args.hypothesis_examples, families=families,
+            hypothesis_examples=args.hypothesis_examples, strategies=strategies,
         ))
     except (UnknownOpError, ValueError) as exc:
         raise UsageError(str(exc)) from None
@@ -44,8 +44,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hypothesis-examples", type=int, default=16,
                    help="hypothesis examples per element-wise op x float dtype x direction (0: none)")
-    p.add_argument("--families", default="all", metavar="NAME,...",
-                   help="input families that hunt accelerator bugs: sizes, extremes, mixed, layouts, variants, ties; "
-                        "'all' (default) or 'none'")
+    p.add_argument("--strategies", "--families", dest="strategies", default="all", metavar="NAME,...",
+                   help="input strategies that hunt accelerator bugs: sizes, extremes, mixed, layouts, variants, ties, "
+                        "accumulation; 'all' (default) or 'none' (--families: its old name)")
     p.add_argument("--list", action="store_true", help="print the selected cases and exit")
     p.set_defaults(func=cmd_ops)

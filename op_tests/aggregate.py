@@ -89,8 +89,8 @@ def name_the_cause(case: Case, outcome: Outcome, samples, verdicts: list[SampleV
     if outcome.status in (Status.PASS, Status.SKIP):
         return
     judged = [v for v in verdicts if v.status is not Status.SKIP]
-    family = case.config.get("inputs", "")
-    facts = [sample_facts(samples[v.index], family, case.name) for v in judged]
+    strategy = case.config.get("inputs", "")
+    facts = [sample_facts(samples[v.index], strategy, case.name) for v in judged]
     failed = [v.status is not Status.PASS for v in judged]
     if outcome.status is Status.CPU_FALLBACK:
         failed = [True] * len(judged)

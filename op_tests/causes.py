@@ -1,7 +1,7 @@
 """What the failing samples of an op case have in common: the cause a failure group is named after.
 
 A stride bug in ``exp`` fails every dtype and direction, in OpInfo's samples,
-the hypothesis examples and the layouts family alike; one report line per
+the hypothesis examples and the layouts strategy alike; one report line per
 case would bury it. So each sample gets plain facts about its inputs
 (non-contiguous, a dimension longer than 128, values beyond int32, mixed
 dtypes, an in-place call, duplicate or negative indices, ...), and a failing
@@ -125,7 +125,7 @@ def _index_facts(op: str, sample) -> set[str]:
     return facts
 
 
-def sample_facts(sample, family: str = "", op: str = "") -> frozenset[str]:
+def sample_facts(sample, strategy: str = "", op: str = "") -> frozenset[str]:
     """The facts (keys of CAUSES) that hold for one sample's inputs; ``op``: the op's name, for the facts
     about its index arguments."""
     parts = sample_parts(sample)
@@ -134,7 +134,7 @@ def sample_facts(sample, family: str = "", op: str = "") -> frozenset[str]:
     variant = sample_variant(sample)
     if variant:
         facts.add(f"variant:{variant}")
-    if family == "mixed":
+    if strategy == "mixed":
         facts.add("mixed_dtypes")
         operands = sorted({str(t.dtype).removeprefix("torch.") for t in ts})
         scalars = sorted({type(v).__name__ for v in tree_leaves(parts) if isinstance(v, (bool, int, float, complex))})

@@ -37,7 +37,7 @@ from diff.sides import to_device
 from runner.executors import Executor
 from runner.worker import CRASH_DIR_ENV
 
-from .families import FamilyNotApplicable
+from .strategies import StrategyNotApplicable
 from .repro import write_repro
 from .rules import rule_for
 from .samples import (
@@ -209,8 +209,8 @@ def _case_samples(case: Case, op, ctx) -> tuple[list, Any, bool] | Outcome:
         samples = generate_samples(op, case)
     except HypothesisNotApplicable as exc:
         return Outcome(case_id=case.id, status=Status.SKIP, message=f"hypothesis examples do not apply: {exc}")
-    except FamilyNotApplicable as exc:
-        return Outcome(case_id=case.id, status=Status.SKIP, message=f"input family does not apply: {exc}")
+    except StrategyNotApplicable as exc:
+        return Outcome(case_id=case.id, status=Status.SKIP, message=f"input strategy does not apply: {exc}")
     except Exception as exc:  # noqa: BLE001
         return Outcome(case_id=case.id, status=Status.SKIP,
                        message=f"sample generation failed: {type(exc).__name__}: {exc}".splitlines()[0],

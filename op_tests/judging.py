@@ -180,7 +180,7 @@ def reference_value(op, rule, sample, parts, backward: bool, seed: int):
 
 def result_type_note(sample, parts, reference) -> str:
     """For operands of mixed dtypes: what ``torch.result_type`` says the result's dtype is."""
-    from .families.mixed import expected_dtype
+    from .strategies.mixed import expected_dtype
 
     if " with a " not in (sample.name or "") or not isinstance(reference, torch.Tensor):
         return ""

@@ -4,7 +4,7 @@
 and prints the comparison. For a failure judged in the worker (a mismatch,
 an error), the saved sample is the failing one with the fewest input bytes,
 shrunk while it keeps failing the same way (shrink.py); the script says
-which input family found it ("length 129 on dim -1", "transposed input")
+which input strategy found it ("length 129 on dim -1", "transposed input")
 and how it was shrunk. After a crash or a hang, samples are saved in order
 while they fit the budget. Inputs are saved with ``torch.save`` as plain
 tensors and a JSON structure and loaded with ``weights_only=True``, never
@@ -223,7 +223,7 @@ def write_repro(case: Case, outcome: Outcome, ctx, *, check=None) -> str | None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "inputs.pt").write_bytes(payload)
     env = {k: os.environ[k] for k in (*EMULATOR_ENV, BACKEND_MODULES_ENV) if k in os.environ}
-    from .families.variants import run_variant
+    from .strategies.variants import run_variant
 
     found = ""
     if saved and saved[0].get("found_by"):
@@ -269,11 +269,11 @@ def _shrunk(op, case: Case, sample, index: int, outcome: Outcome, ctx, check):
     cause = (outcome.evidence.get("cause") or {}).get("key")
     if cause in (ALL_INPUTS[0], SOME_INPUTS[0]):
         cause = None  # no fact of the inputs separates the failing samples: there is no cause to keep
-    family = case.config.get("inputs", "")
+    strategy = case.config.get("inputs", "")
 
     def fails_how(candidate) -> Failure:
         status = check(op, case, candidate, index, ctx.target).status
-        return Failure(status, cause if cause in sample_facts(candidate, family, case.name) else None)
+        return Failure(status, cause if cause in sample_facts(candidate, strategy, case.name) else None)
 
     result = shrink(sample, Failure(outcome.status, cause), fails_how)
     return result.sample, result.describe()

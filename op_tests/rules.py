@@ -10,8 +10,8 @@ topk, median, ...), the indices are replaced by the input values they
 select, so a backend that breaks ties differently is not failed for it;
 where it promises one (argmax and max(dim): the first occurrence; sort with
 stable=True: the input's order), the indices are compared exactly, so a
-backend that breaks the promise is. The ``ties`` input family
-(op_tests/families/ties.py) gives these ops samples with ties.
+backend that breaks the promise is. The ``ties`` input strategy
+(op_tests/strategies/ties.py) gives these ops samples with ties.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class OpRule:
 @functools.lru_cache(maxsize=1)
 def _rules() -> dict:
     data = json.loads(RULES_FILE.read_text())
-    for section in ("distribution", "metadata", "gather_indices", "exact_indices", "cpu_arguments", "input_families",
+    for section in ("distribution", "metadata", "gather_indices", "exact_indices", "cpu_arguments", "input_strategies",
                     "properties"):
         for entry in data.get(section, []):
             if not entry.get("reason"):
@@ -58,10 +58,10 @@ def _rules() -> dict:
     return data
 
 
-def family_exclusion(op_key: str, family: str) -> str | None:
-    """Why an input family does not apply to an op (op_rules.json "input_families"), or None."""
-    for entry in _rules().get("input_families", []):
-        if fnmatch.fnmatchcase(op_key, entry["pattern"]) and family in entry["families"]:
+def strategy_exclusion(op_key: str, strategy: str) -> str | None:
+    """Why an input strategy does not apply to an op (op_rules.json "input_strategies"), or None."""
+    for entry in _rules().get("input_strategies", []):
+        if fnmatch.fnmatchcase(op_key, entry["pattern"]) and strategy in entry["strategies"]:
             return entry["reason"]
     return None
 

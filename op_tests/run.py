@@ -75,9 +75,9 @@ def _cotangents(outputs: list[torch.Tensor], seed: int, device) -> list[torch.Te
 
 
 def op_callable(op, variant: str = ""):
-    """The op as a plain function (for torch.compile), or one of its variants (families/variants.py)."""
+    """The op as a plain function (for torch.compile), or one of its variants (strategies/variants.py)."""
     if variant:
-        from .families.variants import run_variant
+        from .strategies.variants import run_variant
 
         return lambda i, *a, **k: run_variant(op, variant, i, a, k)
     return lambda i, *a, **k: op(i, *a, **k)

@@ -30,10 +30,10 @@ def generate_samples(op, case: Case) -> list:
     """
     if case.config.get("source") == "hypothesis":
         return hypothesis_samples(op, case)
-    if case.config.get("source") == "family":
-        from .families import family_samples
+    if case.config.get("source") == "family":  # an input strategy's case (see strategies/)
+        from .strategies import strategy_samples
 
-        return family_samples(op, case)
+        return strategy_samples(op, case)
     dtype = to_dtype(case.dtype)
     limit = int(case.config.get("max_samples", 0))
     torch.manual_seed(case.seed)
@@ -46,11 +46,11 @@ def generate_samples(op, case: Case) -> list:
 
 
 def hypothesis_samples(op, case: Case) -> list:
-    """Samples drawn from the strategies in op_tests/strategies.py; each sample's name is its spec's repr."""
+    """Samples drawn from the strategies in op_tests/strategies/hypothesis_examples.py; each sample's name is its spec's repr."""
     from torch.testing._internal.opinfo.core import SampleInput
 
     from .sources import elementwise_kind
-    from .strategies import binary_specs, draw_examples, tensor_specs
+    from .strategies.hypothesis_examples import binary_specs, draw_examples, tensor_specs
 
     kind = elementwise_kind(op)
     strategy = tensor_specs(case.dtype) if kind == "unary" else binary_specs(case.dtype)
@@ -98,8 +98,7 @@ def generator_digest() -> str:
 
         h = hashlib.blake2b(digest_size=16)
         here = Path(__file__).parent
-        for path in [here / "samples.py", here / "sources.py", here / "strategies.py",
-                     *sorted((here / "families").glob("*.py"))]:
+        for path in [here / "samples.py", here / "sources.py", *sorted((here / "strategies").glob("*.py"))]:
             h.update(path.read_bytes())
         _generator_digest = h.hexdigest()
     return _generator_digest
@@ -134,13 +133,13 @@ def restore_samples(entry) -> list | None:
     inputs = entry.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != len(entry.get("samples", ())):
         return None
-    from .families.templates import make_sample
+    from .strategies.templates import make_sample
 
     return [make_sample((s["input"], s["args"], s["kwargs"]), s.get("name", ""), s.get("variant", "")) for s in inputs]
 
 
 def sample_variant(sample) -> str:
-    """"" for a plain call of the op; "inplace", "out", "out_resize" or "view" (families/variants.py)."""
+    """"" for a plain call of the op; "inplace", "out", "out_resize" or "view" (strategies/variants.py)."""
     return getattr(sample, "variant", "")
 
 

@@ -39,8 +39,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from conformance.outcome import Status
 
 from .causes import cause_text
-from .families.layouts import relayout
-from .families.templates import keep_grad, make_sample
+from .strategies.layouts import relayout
+from .strategies.templates import keep_grad, make_sample
 from .samples import sample_parts, sample_variant
 
 BUDGET_S = 20.0

@@ -108,7 +108,7 @@ class OpSelection:
     max_samples: int = 0  # 0: all samples
     seed: int = 0
     hypothesis_examples: int = 16  # per element-wise op x float dtype x direction; 0: none
-    families: tuple[str, ...] = ()  # input families (op_tests/families): () none; see FAMILIES
+    strategies: tuple[str, ...] = ()  # input strategies (op_tests/strategies): () none; see STRATEGIES
 
 
 def select_ops(patterns=("*",), exclude=()) -> list:
@@ -184,12 +184,12 @@ def hypothesis_cases(selection: OpSelection = OpSelection()) -> list[Case]:
     return cases
 
 
-def family_cases(selection: OpSelection = OpSelection()) -> list[Case]:
-    """One case per op x dtype x direction x input family, for the dtypes each family covers."""
-    from .families import family
-    from .rules import family_exclusion
+def strategy_cases(selection: OpSelection = OpSelection()) -> list[Case]:
+    """One case per op x dtype x direction x input strategy, for the dtypes each strategy covers."""
+    from .strategies import strategy
+    from .rules import strategy_exclusion
 
-    chosen = [family(name) for name in selection.families]
+    chosen = [strategy(name) for name in selection.strategies]
     if not chosen:
         return []
     for d in selection.directions:
@@ -198,20 +198,20 @@ def family_cases(selection: OpSelection = OpSelection()) -> list[Case]:
     cases = []
     for op in select_ops(selection.patterns, selection.exclude):
         supported = tuple(sorted(dtype_name(d) for d in op.supported_dtypes("cpu")))
-        for fam in chosen:
-            if family_exclusion(op_key(op), fam.name):
+        for chosen_strategy in chosen:
+            if strategy_exclusion(op_key(op), chosen_strategy.name):
                 continue
             for direction in selection.directions:
-                for name in fam.dtypes(op, supported, direction):
+                for name in chosen_strategy.dtypes(op, supported, direction):
                     if selection.dtypes and name not in selection.dtypes:
                         continue
                     if direction == "backward" and not supports_backward(op, to_dtype(name)):
                         continue
                     cases.append(Case(kind="op", name=op.name, category=op.variant_test_name, dtype=name,
-                                      mode=direction, config={"source": "family", "inputs": fam.name},
+                                      mode=direction, config={"source": "family", "inputs": chosen_strategy.name},
                                       seed=selection.seed))
     return cases
 
 
 def all_cases(selection: OpSelection = OpSelection()) -> list[Case]:
-    return op_cases(selection) + hypothesis_cases(selection) + family_cases(selection)
+    return op_cases(selection) + hypothesis_cases(selection) + strategy_cases(selection)

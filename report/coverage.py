@@ -109,7 +109,7 @@ def op_matrix(rows: Iterable) -> OpMatrix:
         if r.kind != "op":
             continue
         cell = cells.setdefault((op_key(r), r.dtype or "-"), Cell())
-        # One entry per case: OpInfo's, the hypothesis examples' and each input family's, per direction.
+        # One entry per case: OpInfo's, the hypothesis examples' and each input strategy's, per direction.
         key = (r.mode or "-") + _inputs_label(getattr(r, "title", ""))
         cell.statuses[key] = r.status
         cell.case_ids[key] = r.case_id

@@ -1,7 +1,7 @@
 """Failures grouped by cause: one line per root cause, not one per case.
 
 A stride bug in ``exp`` fails 18 cases (12 dtypes, forward and backward,
-OpInfo samples and input families); a gate that lists 36 regressions from
+OpInfo samples and input strategies); a gate that lists 36 regressions from
 two bugs hides both. A group is one op (or model) and one cause:
 
 - for op cases, the cause the op executor named in the outcome's evidence

@@ -18,7 +18,7 @@ from filelock import FileLock
 
 from tests.conftest import REPO, run_cli
 
-OPS = ("--ops", "tanh,add", "--dtypes", "float32", "--directions", "forward", "--families", "none")
+OPS = ("--ops", "tanh,add", "--dtypes", "float32", "--directions", "forward", "--strategies", "none")
 FAULT = "perturb@aten::tanh,rel=0.01"
 BUILDS = {"base": "", "clean": "", "faulty": FAULT}
 

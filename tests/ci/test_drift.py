@@ -20,7 +20,7 @@ from report.dashboard import write_dashboard
 from results.store import ResultStore
 from tests.conftest import REPO, built_once, run_cli
 
-OPS = ("--ops", "softmax,log_softmax", "--dtypes", "float32", "--directions", "forward", "--families", "none",
+OPS = ("--ops", "softmax,log_softmax", "--dtypes", "float32", "--directions", "forward", "--strategies", "none",
        "--hypothesis-examples", "0", "--emulator-profile", "exact", "-j", "1")
 BUGS = ("--backend-module", "tests.fixtures.accelerator_bugs")
 

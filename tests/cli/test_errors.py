@@ -19,7 +19,7 @@ from tests.conftest import run_cli
     (["--dtypes", "float33"], "unknown dtype 'float33'"),
     (["--shard", "3/2"], "--shard '3/2'"),
     (["-j", "0"], "must be at least 1"),
-    (["--families", "sizes,tiles"], "unknown input family 'tiles'"),
+    (["--families", "sizes,tiles"], "unknown input strategy 'tiles'"),
     (["--precision-model", "/no/such/model.json"], "precision model file not found"),
 ])
 def test_one_line_errors(tmp_path, args, needle):

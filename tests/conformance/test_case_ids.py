@@ -21,7 +21,7 @@ def op_cases():
     from op_tests.sources import OpSelection, all_cases
 
     selection = OpSelection(patterns=("add",), dtypes=("float32",), directions=("forward",), hypothesis_examples=16,
-                            families=("extremes",))
+                            strategies=("extremes",))
     return {c.config["source"]: c for c in all_cases(selection)}
 
 

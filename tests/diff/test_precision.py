@@ -115,7 +115,7 @@ def test_channel_dropout_is_judged_per_channel():
 
 def _run_mm(tmp_path, faults: str = ""):
     jsonl = tmp_path / "out.jsonl"
-    result = run_cli("neuron-conformance", "ops", "--ops", "mm", "--dtypes", "float32", "--families", "none",
+    result = run_cli("neuron-conformance", "ops", "--ops", "mm", "--dtypes", "float32", "--strategies", "none",
                      "--hypothesis-examples", "0", "--emulator-profile", "matmult-bf16", "--results",
                      str(tmp_path / "r"), "--jsonl", str(jsonl), "-j", "1",
                      env={"NEURON_VALIDATE_FAULTS": faults} if faults else None)

@@ -2,7 +2,7 @@
 
 A backend module (tests/fixtures/accelerator_bugs.py) makes ``mean`` of
 float16 and bfloat16 add in its own dtype. OpInfo's rows are too short for
-that to show; the ``accumulation`` family's rows of 128 to 65,536 elements must
+that to show; the ``accumulation`` strategy's rows of 128 to 65,536 elements must
 catch it by comparison with the float64 golden, while a device that
 accumulates in float32 (the emulated one, under its default Trainium
 profile) passes every accumulation case.
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from conformance.outcome import Status
-from op_tests.families import family_samples
-from op_tests.families.accumulation import accumulating_dims
-from op_tests.sources import OpSelection, family_cases, get_op, op_cases
+from op_tests.strategies import strategy_samples
+from op_tests.strategies.accumulation import accumulating_dims
+from op_tests.sources import OpSelection, strategy_cases, get_op, op_cases
 from tests.conftest import built_once
 from tests.op_tests.suite_runs import run_cases
 
@@ -30,16 +30,16 @@ def test_the_dimensions_an_op_sums_over_are_found_by_perturbing_a_rows_ends():
     assert accumulating_dims(get_op("exp"), (x, (), {})) == []
     # addmm(input, mat1, mat2): only the contracted K dimension of mat1 and mat2 folds
     assert accumulating_dims(get_op("addmm"), (torch.randn(4, 3), (x, torch.randn(6, 3)), {})) == [(1, 1), (2, 0)]
-    names = {c.name for c in family_cases(OpSelection(patterns=("mean", "exp", "add", "mm", "addmm", "flip",
+    names = {c.name for c in strategy_cases(OpSelection(patterns=("mean", "exp", "add", "mm", "addmm", "flip",
                                                                 "nn.functional.dropout", "empty_like"),
-                                                      families=("accumulation",)))}
+                                                      strategies=("accumulation",)))}
     assert names == {"mean", "mm", "addmm"}
 
 
 def test_accumulation_samples_are_long_rows_in_the_cases_dtype():
-    case = next(c for c in family_cases(OpSelection(patterns=("mm",), families=("accumulation",)))
+    case = next(c for c in strategy_cases(OpSelection(patterns=("mm",), strategies=("accumulation",)))
                 if c.dtype == "bfloat16")
-    samples = family_samples(get_op("mm"), case)
+    samples = strategy_samples(get_op("mm"), case)
     longest = max(s.input.shape[1] for s in samples)
     assert longest == 65536 and all(s.input.dtype == torch.bfloat16 for s in samples)
     assert all(s.input.shape[1] == s.args[0].shape[0] for s in samples), "K is stretched on both operands"
@@ -51,9 +51,9 @@ def _run(results, cases, build: str, env: dict, backend_modules=()):
 
 
 def _outcomes(results):
-    clean = _run(results, family_cases(OpSelection(patterns=ACCUMULATING, families=("accumulation",))), "clean", {})
-    mean = OpSelection(patterns=("mean",), dtypes=("float16",), directions=("forward",), families=("accumulation",))
-    buggy = _run(results, op_cases(mean) + family_cases(mean), "half_accumulation",
+    clean = _run(results, strategy_cases(OpSelection(patterns=ACCUMULATING, strategies=("accumulation",))), "clean", {})
+    mean = OpSelection(patterns=("mean",), dtypes=("float16",), directions=("forward",), strategies=("accumulation",))
+    buggy = _run(results, op_cases(mean) + strategy_cases(mean), "half_accumulation",
                  {"ACCEL_BUGS": "mean_half_accumulation", "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"},
                  backend_modules=("tests.fixtures.accelerator_bugs",))
     return clean, buggy

@@ -2,7 +2,7 @@
 
 Index ops' samples carry facts about their indices (duplicate, negative, at
 the boundary). A backend module (tests/fixtures/accelerator_bugs.py) makes
-index_add drop all but the last of repeated indices; the layouts family's
+index_add drop all but the last of repeated indices; the layouts strategy's
 failing samples are also strided, as are most passing ones, so the cause must
 be the duplicates, not the strides.
 """
@@ -15,8 +15,8 @@ import torch
 from conformance.outcome import Status
 from conformance.settings import RunSettings
 from op_tests.causes import case_cause, sample_facts
-from op_tests.families.templates import make_sample
-from op_tests.sources import OpSelection, family_cases, op_cases
+from op_tests.strategies.templates import make_sample
+from op_tests.sources import OpSelection, strategy_cases, op_cases
 from results.store import ResultStore
 from runner.reporters import StoreWriter
 from runner.suite import run_suite
@@ -51,12 +51,12 @@ def test_a_fact_most_passing_samples_share_is_no_cause():
 
 def _outcomes(results):
     selection = OpSelection(patterns=("index_add",), dtypes=("float32",), directions=("forward",),
-                            families=("layouts",))
+                            strategies=("layouts",))
     settings = RunSettings(target="neuron", timeout_s=300, artifacts_dir=str(results / "artifacts"),
                            backend_modules=("tests.fixtures.accelerator_bugs",),
                            env={"ACCEL_BUGS": "index_add_duplicates", "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"})
     with ResultStore.open(results) as store:
-        run_suite(op_cases(selection) + family_cases(selection), settings=settings, plugins=[StoreWriter(store)],
+        run_suite(op_cases(selection) + strategy_cases(selection), settings=settings, plugins=[StoreWriter(store)],
                   build_id="dups", manifest={}, target_label="neuron", jobs=2)
         return {r.case.config.get("inputs", r.case.config["source"]): r.outcome for r in store.results("dups")}
 

@@ -34,7 +34,7 @@ def _ops(tmp_path, *args, env=None, build="b1"):
 
 def test_samples_compile_in_one_graph_and_a_rerun_in_the_build_compiles_nothing(tmp_path):
     profile = f"exact:compile_seconds_per_graph={LATENCY}"
-    first = _ops(tmp_path, "--ops", "tanh", "--families", "none", "--emulator-profile", profile)
+    first = _ops(tmp_path, "--ops", "tanh", "--strategies", "none", "--emulator-profile", profile)
     (row,) = [r for r in first if r["case"]["config"].get("source") == "opinfo"]
     evidence = row["outcome"]["evidence"]
     assert row["outcome"]["status"] == "pass" and evidence["samples"] > 5
@@ -43,20 +43,20 @@ def test_samples_compile_in_one_graph_and_a_rerun_in_the_build_compiles_nothing(
     assert compile["direct"] == 1, "the batch's graph is built without dynamo (conformance/call_graph.py)"
     assert compile["compiler"]["compiled"] == 1, "one graph for every sample"
     assert abs(compile["compiler"]["seconds"] - LATENCY) < 1e-9, "the latency of one graph, not one per sample"
-    again = _ops(tmp_path, "--ops", "tanh", "--families", "none", "--emulator-profile", profile)
+    again = _ops(tmp_path, "--ops", "tanh", "--strategies", "none", "--emulator-profile", profile)
     (row,) = [r for r in again if r["case"]["config"].get("source") == "opinfo"]
     compiler = row["outcome"]["evidence"]["compile"]["compiler"]
     assert compiler["compiled"] == 0 and compiler["cached"] == 1 and compiler["seconds"] == 0
-    other = _ops(tmp_path, "--ops", "tanh", "--families", "none", "--emulator-profile", profile, build="b2")
+    other = _ops(tmp_path, "--ops", "tanh", "--strategies", "none", "--emulator-profile", profile, build="b2")
     (row,) = [r for r in other if r["case"]["config"].get("source") == "opinfo"]
     assert row["outcome"]["evidence"]["compile"]["compiler"]["compiled"] == 1, "nothing is kept across builds"
 
 
 def test_a_batch_that_raises_is_bisected_down_to_the_samples_responsible(tmp_path):
-    """A compiler that fails only on float64 operands: the samples of the mixed family that have one (a
+    """A compiler that fails only on float64 operands: the samples of the mixed strategy that have one (a
     Python float reaches the dispatcher as a float64 scalar) are errors, every other sample passes."""
     env = {"NEURON_VALIDATE_FAULTS": "raise@aten::add,mode=compile,dtype=float64"}
-    rows = _ops(tmp_path, "--ops", "add", "--families", "mixed", "--emulator-profile", "exact", env=env)
+    rows = _ops(tmp_path, "--ops", "add", "--strategies", "mixed", "--emulator-profile", "exact", env=env)
     (row,) = [r for r in rows if r["case"]["config"].get("inputs") == "mixed"]
     evidence = row["outcome"]["evidence"]
     case = Case(**row["case"])
@@ -79,7 +79,7 @@ def test_a_compiler_that_dies_on_one_sample_crashes_that_sample_and_one_that_han
     batch, then the sample alone), and the case resumes past each death: one sample is a crash, the other
     passes. tanh's case times out alone; sin's, in the same run, passes."""
     env = {"NEURON_VALIDATE_FAULTS": "crash@aten::addcmul,mode=compiler,dtype=float64;hang@aten::tanh,mode=compiler"}
-    rows = _ops(tmp_path, "--ops", "addcmul,tanh,sin", "--families", "none", "--max-samples", "2",
+    rows = _ops(tmp_path, "--ops", "addcmul,tanh,sin", "--strategies", "none", "--max-samples", "2",
                 "--emulator-profile", "exact", "--timeout", "60", "-j", "2", env=env)
     by_op = {r["case"]["name"]: r["outcome"] for r in rows}
     addcmul = by_op["addcmul"]

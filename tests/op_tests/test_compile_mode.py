@@ -39,7 +39,7 @@ def _run(tmp_path, target, *extra, env=None):
     jsonl = tmp_path / "out.jsonl"
     result = run_cli("neuron-conformance", "ops", "--ops", "tanh", "--dtypes", "float32", "--directions", "forward",
                      "--target", target, "--results", str(tmp_path / "runs"), "--jsonl", str(jsonl),
-                     "--hypothesis-examples", "16", "--families", "none", "-j", "2", *extra, env=env)
+                     "--hypothesis-examples", "16", "--strategies", "none", "-j", "2", *extra, env=env)
     assert result.returncode in (0, 1), result.stderr[-3000:]
     rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
     return rows, result.stdout + result.stderr

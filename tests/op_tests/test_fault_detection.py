@@ -95,7 +95,7 @@ def test_host_execution_the_backend_does_not_report_is_cpu_fallback(tmp_path):
     from tests.conftest import REPO, run_cli
 
     jsonl = tmp_path / "out.jsonl"
-    result = run_cli("neuron-conformance", "ops", "--ops", "sin,cos", "--dtypes", "float32", "--max-samples", "4", "--families", "none",
+    result = run_cli("neuron-conformance", "ops", "--ops", "sin,cos", "--dtypes", "float32", "--max-samples", "4", "--strategies", "none",
                      "--backend-module", "tests.fixtures.host_ops", "--results", str(tmp_path), "--jsonl", str(jsonl),
                      env={"PYTHONPATH": REPO, "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"})
     assert result.returncode in (0, 1), result.stderr[-2000:]

@@ -17,7 +17,7 @@ def test_a_worker_that_dies_in_the_cpus_own_golden_is_the_cpus_crash(tmp_path):
     jsonl = tmp_path / "out.jsonl"
     env = {"NEURON_VALIDATE_FAULTS": "perturb@aten::neg,rel=0.01", "PYTHONPATH": REPO}
     result = run_cli("neuron-conformance", "ops", "--ops", "neg", "--dtypes", "float32", "--directions", "forward",
-                     "--families", "none", "--hypothesis-examples", "0", "--max-samples", "2", "--target", "neuron",
+                     "--strategies", "none", "--hypothesis-examples", "0", "--max-samples", "2", "--target", "neuron",
                      "--emulator-profile", "exact", "--backend-module", "tests.fixtures.cpu_float64_abort",
                      "--results", str(tmp_path / "runs"), "--jsonl", str(jsonl), "-j", "1", env=env, timeout=600)
     assert result.returncode in (0, 1), result.stderr[-3000:]

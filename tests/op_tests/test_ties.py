@@ -1,4 +1,4 @@
-"""PyTorch's documented contracts on ties decide how index outputs are compared, and the ties family tests them.
+"""PyTorch's documented contracts on ties decide how index outputs are compared, and the ties strategy tests them.
 
 argmax, argmin and max/min(dim) promise the first of tied elements, sort with
 stable=True the input's order; topk, median and the others allow any. A
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from conformance.outcome import Status
-from op_tests.families import family_samples
+from op_tests.strategies import strategy_samples
 from op_tests.rules import gather_index_output, rule_for, tie_contract
-from op_tests.sources import OpSelection, family_cases, get_op, op_cases
+from op_tests.sources import OpSelection, strategy_cases, get_op, op_cases
 from tests.conftest import built_once
 from tests.op_tests.suite_runs import run_cases
 
@@ -44,18 +44,18 @@ def test_stable_sort_keeps_its_indices_and_an_unstable_one_is_judged_by_the_valu
     assert torch.equal(selected, values)
 
 
-def test_the_ties_family_gives_tied_samples_to_ops_with_a_tie_contract():
-    cases = family_cases(OpSelection(patterns=(*PROMISED, *ANY, "softmax"), families=("ties",)))
+def test_the_ties_strategy_gives_tied_samples_to_ops_with_a_tie_contract():
+    cases = strategy_cases(OpSelection(patterns=(*PROMISED, *ANY, "softmax"), strategies=("ties",)))
     names = {c.name for c in cases}
     assert {"argmax", "argmin", "max", "min", "sort", "topk", "median", "cummax"} <= names
     assert "softmax" not in names and "mode" not in names  # no tie contract; mode's value itself may differ
     assert {(c.name, c.dtype) for c in cases if c.mode == "backward"} == {("max", "float32"), ("min", "float32")}
     argmax = next(c for c in cases if c.name == "argmax" and c.dtype == "float32")
-    samples = family_samples(get_op("argmax"), argmax)
+    samples = strategy_samples(get_op("argmax"), argmax)
     tied_rows = [s for s in samples if "few distinct" in s.name
                  and bool((s.input == s.input.amax(dim=-1, keepdim=True)).sum(-1).gt(1).any())]
     assert tied_rows, [s.name for s in samples]
-    assert any("stable" in s.kwargs for s in family_samples(get_op("sort"), next(c for c in cases if c.name == "sort")))
+    assert any("stable" in s.kwargs for s in strategy_samples(get_op("sort"), next(c for c in cases if c.name == "sort")))
 
 
 def _run(results, cases, build: str, env: dict, backend_modules=()):
@@ -64,11 +64,11 @@ def _run(results, cases, build: str, env: dict, backend_modules=()):
 
 
 def _outcomes(results):
-    ties = OpSelection(patterns=(*PROMISED, *ANY), families=("ties",))
-    clean = _run(results, family_cases(ties), "clean", {})
+    ties = OpSelection(patterns=(*PROMISED, *ANY), strategies=("ties",))
+    clean = _run(results, strategy_cases(ties), "clean", {})
     argmax = OpSelection(patterns=("argmax", "argmin"), dtypes=("float32", "int64"), directions=("forward",),
-                         families=("ties",))
-    buggy = _run(results, op_cases(argmax) + family_cases(argmax), "last_tie", {"ACCEL_BUGS": "argmax_last_tie"},
+                         strategies=("ties",))
+    buggy = _run(results, op_cases(argmax) + strategy_cases(argmax), "last_tie", {"ACCEL_BUGS": "argmax_last_tie"},
                  backend_modules=("tests.fixtures.accelerator_bugs",))
     return clean, buggy
 

@@ -12,7 +12,7 @@ from results.store import ResultStore, db_path
 from tests.conftest import REPO
 
 OPS = ("--ops", "tanh,add,sigmoid,exp,sin,cos,neg,abs", "--dtypes", "float32", "--directions", "forward",
-       "--families", "none")
+       "--strategies", "none")
 ENV = {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact",
        "NEURON_VALIDATE_FAULTS": "perturb@aten::exp,rel=0.01;raise@aten::sin"}  # mismatches and errors too
 

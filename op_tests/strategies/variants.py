@@ -1,4 +1,4 @@
-"""The ``variants`` family: in-place, ``out=`` and views, against the functional result.
+"""The ``variants`` input strategy: in-place, ``out=`` and views, against the functional result.
 
 A backend can compute ``add`` right and still get ``add_`` or
 ``add(out=...)`` wrong: a kernel that returns a new tensor instead of its

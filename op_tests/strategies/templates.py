@@ -1,8 +1,8 @@
-"""The op's own samples that a family transforms, and how a transformed sample is put together.
+"""The op's own samples that a strategy transforms, and how a transformed sample is put together.
 
 A template is a plain OpInfo sample: dense strided tensors (no conjugate or
 negative views), the default output processing, inputs with no empty
-dimension. Families never invent an op's arguments; they change the tensors
+dimension. Strategies never invent an op's arguments; they change the tensors
 of samples the op's authors wrote, so every op with samples can take part.
 """
 
@@ -55,7 +55,7 @@ def templates(op, case, *, requires_grad: bool, limit: int, smallest_first: bool
 
 
 def primary(parts) -> torch.Tensor | None:
-    """The tensor a family resizes or relayouts first: the sample's input, or the first tensor of an input list."""
+    """The tensor a strategy resizes or relayouts first: the sample's input, or the first tensor of an input list."""
     inp = parts[0]
     if isinstance(inp, torch.Tensor):
         return inp
@@ -113,19 +113,19 @@ _SAMPLE_TYPE = None
 
 
 def _sample_type():
-    """OpInfo's SampleInput with one more slot: the variant (families/variants.py) the sample is run as."""
+    """OpInfo's SampleInput with one more slot: the variant (strategies/variants.py) the sample is run as."""
     global _SAMPLE_TYPE
     if _SAMPLE_TYPE is None:
         from torch.testing._internal.opinfo.core import SampleInput
 
-        class FamilySample(SampleInput):
+        class StrategySample(SampleInput):
             __slots__ = ("variant",)
 
             def __init__(self, *args, variant: str = "", **kwargs):
                 super().__init__(*args, **kwargs)
                 self.variant = variant
 
-        _SAMPLE_TYPE = FamilySample
+        _SAMPLE_TYPE = StrategySample
     return _SAMPLE_TYPE
 
 
@@ -138,7 +138,7 @@ def has_empty(parts) -> bool:
 
 
 def runs_on_cpu(op, parts, fn=None) -> bool:
-    """Whether the op accepts these inputs on the CPU (the reference): a family keeps only what the op allows."""
+    """Whether the op accepts these inputs on the CPU (the reference): a strategy keeps only what the op allows."""
     inp, args, kwargs = parts
     try:
         with torch.no_grad():

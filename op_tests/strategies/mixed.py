@@ -1,4 +1,4 @@
-"""The ``mixed`` family: operands of different dtypes, 0-d tensors and Python scalars.
+"""The ``mixed`` input strategy: operands of different dtypes, 0-d tensors and Python scalars.
 
 OpInfo's samples give every operand the same dtype, so a backend that
 promotes int32 x float16 to float32, or lets a Python float or a 0-d

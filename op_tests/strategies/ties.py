@@ -1,4 +1,4 @@
-"""The ``ties`` family: samples whose values tie, for ops that return indices of tied elements.
+"""The ``ties`` input strategy: samples whose values tie, for ops that return indices of tied elements.
 
 PyTorch documents which index such an op returns on ties (op_rules.json
 quotes it): argmax, argmin and max/min(dim) the first occurrence, sort with
@@ -30,7 +30,7 @@ INT_VALUES = (0, 1, 2)  # valid in every integer dtype
 
 
 def tie_dtypes(op, supported: tuple[str, ...], direction: str) -> tuple[str, ...]:
-    # the op's key as sources.op_key spells it (sources imports the families, so they cannot import it)
+    # the op's key as sources.op_key spells it (sources imports the strategies, so they cannot import it)
     contract = tie_contract(f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name)
     if contract is None or (direction == "backward" and contract != "one"):
         return ()

@@ -1,4 +1,4 @@
-"""The ``layouts`` family: the same sample with non-contiguous tensors.
+"""The ``layouts`` input strategy: the same sample with non-contiguous tensors.
 
 A kernel that ignores strides, the storage offset, or a stride of 0 reads
 the wrong elements; OpInfo's samples are mostly contiguous, so it would go

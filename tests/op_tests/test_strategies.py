@@ -1,4 +1,4 @@
-"""Input families find bugs that OpInfo's samples miss, shrink them to small reproducers, and group them by cause.
+"""Input strategies find bugs that OpInfo's samples miss, shrink them to small reproducers, and group them by cause.
 
 The bugs live in a backend module (tests/fixtures/accelerator_bugs.py) that
 replaces kernels of the emulated device; the suite runs unchanged and is
@@ -21,12 +21,12 @@ import torch
 from conformance.case import Case
 from conformance.outcome import Status
 from op_tests.causes import case_cause, sample_facts
-from op_tests.families import FAMILIES, family_samples
-from op_tests.families.layouts import relayout
-from op_tests.families.sizes import LONG_SIZES, TILE_SIZES
+from op_tests.strategies import STRATEGIES, strategy_samples
+from op_tests.strategies.layouts import relayout
+from op_tests.strategies.sizes import LONG_SIZES, TILE_SIZES
 from op_tests.samples import inputs_fingerprint
 from op_tests.shrink import Failure, _content_key, shrink
-from op_tests.sources import OpSelection, family_cases, get_op
+from op_tests.sources import OpSelection, strategy_cases, get_op
 from tests.conftest import REPO, built_once, run_cli
 
 BUGS = "softmax_tiles,exp_strides,add_int32,promotion,inplace_new_tensor,view_copies"
@@ -40,15 +40,15 @@ EXPECTED_GROUPS = {
 }
 
 
-def _case(op: str, dtype: str, family: str, mode: str = "forward") -> Case:
-    return Case(kind="op", name=op, dtype=dtype, mode=mode, config={"source": "family", "inputs": family})
+def _case(op: str, dtype: str, strategy: str, mode: str = "forward") -> Case:
+    return Case(kind="op", name=op, dtype=dtype, mode=mode, config={"source": "family", "inputs": strategy})
 
 
-def _samples(op: str, dtype: str, family: str, mode: str = "forward") -> list:
-    return family_samples(get_op(op), _case(op, dtype, family, mode))
+def _samples(op: str, dtype: str, strategy: str, mode: str = "forward") -> list:
+    return strategy_samples(get_op(op), _case(op, dtype, strategy, mode))
 
 
-# ---------------------------------------------------------------- the families themselves
+# ---------------------------------------------------------------- the strategies themselves
 def test_sizes_cross_every_tile_boundary_and_reach_long_reductions():
     samples = _samples("softmax", "float32", "sizes")
     lengths = {int(m.group(1)) for s in samples if (m := re.match(r"length (\d+) on", s.name))}
@@ -102,17 +102,17 @@ def test_variants_cover_in_place_out_and_views():
     assert "view aliasing" in " ".join(s.name for s in _samples("t", "float32", "variants"))
 
 
-def test_every_family_is_deterministic_for_its_seed():
-    for family in FAMILIES:
-        op = {"variants": "add", "mixed": "mul"}.get(family, "softmax")
-        first, second = _samples(op, "float32", family), _samples(op, "float32", family)
-        assert inputs_fingerprint(first) == inputs_fingerprint(second), family
+def test_every_strategy_is_deterministic_for_its_seed():
+    for strategy in STRATEGIES:
+        op = {"variants": "add", "mixed": "mul"}.get(strategy, "softmax")
+        first, second = _samples(op, "float32", strategy), _samples(op, "float32", strategy)
+        assert inputs_fingerprint(first) == inputs_fingerprint(second), strategy
         assert [s.name for s in first] == [s.name for s in second]
 
 
-def test_family_case_ids_are_stable_and_distinct():
-    cases = family_cases(OpSelection(patterns=("softmax",), families=FAMILIES))
-    again = family_cases(OpSelection(patterns=("softmax",), families=FAMILIES))
+def test_strategy_case_ids_are_stable_and_distinct():
+    cases = strategy_cases(OpSelection(patterns=("softmax",), strategies=STRATEGIES))
+    again = strategy_cases(OpSelection(patterns=("softmax",), strategies=STRATEGIES))
     assert [c.id for c in cases] == [c.id for c in again]
     assert len({c.id for c in cases}) == len(cases)
     assert {c.config["inputs"] for c in cases} == {"sizes", "extremes", "layouts", "variants", "accumulation"}
@@ -139,7 +139,7 @@ def test_shrinking_keeps_the_failure_and_its_cause_and_runs_no_candidate_twice(s
     """A tile bug (rows over 128 mismatch) hides next to another bug of rows under 8: a mismatch without the
     tile cause, or an error. Shrinking on "still fails" would slide into the other bug at length 1; kept to
     the failure and its cause, it stops at the smallest length that still crosses the tile."""
-    from op_tests.families.templates import make_sample
+    from op_tests.strategies.templates import make_sample
 
     sample = make_sample((torch.randn(7, 2049), (), {}), "length 2049 on dim -1")
     ran = []
@@ -163,7 +163,7 @@ def test_shrinking_keeps_the_failure_and_its_cause_and_runs_no_candidate_twice(s
 
 
 def test_cause_is_what_the_failing_samples_share():
-    from op_tests.families.templates import make_sample
+    from op_tests.strategies.templates import make_sample
 
     contiguous = make_sample((torch.randn(4, 4), (), {}), "contiguous")
     transposed = make_sample((torch.randn(4, 4).t(), (), {}), "transposed")
@@ -201,7 +201,7 @@ def test_every_hidden_bug_is_caught_by_the_comparison(buggy_run):
     for op in EXPECTED_GROUPS:
         assert _failing(rows, op), f"{op}: the bug went unseen"
     assert not _failing(rows, "sum"), [r["outcome"]["message"] for r in _failing(rows, "sum")]
-    # OpInfo's own samples miss the tile, int64 and promotion bugs: the families find them.
+    # OpInfo's own samples miss the tile, int64 and promotion bugs: the strategies find them.
     for op in ("softmax", "mul"):
         assert all(r["case"]["config"].get("source") == "family" for r in _failing(rows, op)), op
     assert any(r["case"]["config"].get("inputs") == "extremes" for r in _failing(rows, "add"))
@@ -251,9 +251,9 @@ def test_dashboard_leads_with_the_groups_and_stays_small(buggy_run):
 
 
 def test_the_gate_shows_one_group_per_root_cause(tmp_path):
-    """Two bugs, each failing several cases across directions and families: two groups."""
+    """Two bugs, each failing several cases across directions and strategies: two groups."""
     results = tmp_path / "results"
-    common = ("--ops", "exp,softmax", "--dtypes", "float32", "--families", "sizes,layouts", "--backend-module",
+    common = ("--ops", "exp,softmax", "--dtypes", "float32", "--strategies", "sizes,layouts", "--backend-module",
               "tests.fixtures.accelerator_bugs", "--results", str(results), "-j", "2")
     env = {"PYTHONPATH": REPO, "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"}
     base = run_cli("neuron-conformance", "ops", *common, "--build", "base", env=env, timeout=900)

@@ -1,11 +1,11 @@
-"""The ``accumulation`` family: long float16 and bfloat16 rows for ops that accumulate along them.
+"""The ``accumulation`` input strategy: long float16 and bfloat16 rows for ops that accumulate along them.
 
 A kernel that adds float16 or bfloat16 values in their own precision loses
 them once the running sum is large: a mean of 65,536 float16 elements
 accumulated in float16 is percent-wrong, while on OpInfo's rows of 5 to 20
 elements it is right to the last bit. The CPU (and Trainium's PSUM)
 accumulates in float32, so the float64 golden tells the two apart. The
-``sizes`` family makes its long rows in float32 and int64 only; this one
+``sizes`` strategy makes its long rows in float32 and int64 only; this one
 makes them in the reduced-precision dtypes the op supports, at lengths
 across the tile boundaries up to 65,536.
 
@@ -125,13 +125,13 @@ def accumulation_dtypes(op, supported: tuple[str, ...], direction: str) -> tuple
         return ()
     try:
         return chosen if _accumulates(key, op) else ()
-    except Exception:  # noqa: BLE001 - sample functions that fail on the CPU give the family nothing
+    except Exception:  # noqa: BLE001 - sample functions that fail on the CPU give the strategy nothing
         return ()
 
 
 def make_samples(op, case) -> list:
     """Each accumulating dimension of up to four templates stretched to every length of ``LENGTHS`` in the
-    case's dtype (the template's own values, gathered), within the sizes family's budget."""
+    case's dtype (the template's own values, gathered), within the sizes strategy's budget."""
     dtype = getattr(torch, case.dtype)
     found = templates(op, case, requires_grad=False, limit=PROBE_TEMPLATES, keep=_probeable)
     samples = []

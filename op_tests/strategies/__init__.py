@@ -1,7 +1,7 @@
-"""Input families that hunt accelerator bugs, on top of OpInfo's samples.
+"""Input strategies that hunt accelerator bugs, on top of OpInfo's samples.
 
 OpInfo's samples are small, same-dtype, contiguous and moderate-valued; the
-bugs accelerators ship hide exactly where they are not. Each family derives
+bugs accelerators ship hide exactly where they are not. Each strategy derives
 new samples from an op's own OpInfo samples (its *templates*), so it applies
 to every op whose samples it can transform, not only to element-wise ones:
 
@@ -23,8 +23,14 @@ to every op whose samples it can transform, not only to element-wise ones:
   the dimensions an op sums over, found by perturbing a row's first and last
   element (accumulation.py).
 
-A family case is one op x dtype x direction x family, with config
-``{"source": "family", "inputs": FAMILY}``: a stable id, and a fixed seed
+(The hypothesis examples for element-wise ops, shapes, layouts and special
+values drawn by hypothesis's own strategies, are in hypothesis_examples.py;
+their cases have their own source, ``{"source": "hypothesis"}``.)
+
+A strategy case is one op x dtype x direction x strategy, with config
+``{"source": "family", "inputs": STRATEGY}`` (``"family"``: the name these
+strategies had when the first case ids were pinned; ids hash the config, so it
+stays): a stable id, and a fixed seed
 (the case's) for everything random in it. Each sample is named after what
 makes it special ("length 129 on dim -1", "transposed input"), and that name
 reaches messages, reproducers and failure groups.
@@ -37,15 +43,15 @@ from typing import Callable
 
 import torch
 
-FAMILIES = ("sizes", "extremes", "mixed", "layouts", "variants", "ties", "accumulation")
+STRATEGIES = ("sizes", "extremes", "mixed", "layouts", "variants", "ties", "accumulation")
 
 
-class FamilyNotApplicable(ValueError):
-    """The op's samples give this family nothing to transform."""
+class StrategyNotApplicable(ValueError):
+    """The op's samples give this strategy nothing to transform."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Family:
+class Strategy:
     name: str
     description: str
     # dtype names (of those the op supports, sorted) that get a case, per direction
@@ -63,7 +69,7 @@ def _first_of(preferred: tuple[str, ...], fallback: int = 1):
     return choose
 
 
-# Dtypes whose limits the extremes family leaves to their wider or narrower kin: bool has no extremes; int16,
+# Dtypes whose limits the extremes strategy leaves to their wider or narrower kin: bool has no extremes; int16,
 # the rarely implemented unsigned widths and the other complex widths share kernels with the ones kept.
 EXTREMES_LEFT_OUT = ("bool", "int16", "uint16", "uint32", "uint64", "complex32", "complex128", "bcomplex32")
 
@@ -110,50 +116,50 @@ def _variant_dtypes(op, supported, direction):
     return tuple(chosen) or supported[:1]
 
 
-def _registry() -> dict[str, Family]:
+def _registry() -> dict[str, Strategy]:
     from . import accumulation, extremes, layouts, mixed, sizes, ties, variants
 
     return {
-        "sizes": Family(name="sizes", description="lengths across tile boundaries and long reductions",
+        "sizes": Strategy(name="sizes", description="lengths across tile boundaries and long reductions",
                         dtypes=_sizes_dtypes, make=sizes.make_samples),
-        "extremes": Family(name="extremes", description="integer limits, 2^24 and 2^31, fp specials",
+        "extremes": Strategy(name="extremes", description="integer limits, 2^24 and 2^31, fp specials",
                            dtypes=_extreme_dtypes, make=extremes.make_samples),
-        "mixed": Family(name="mixed", description="mixed dtypes, 0-d tensors and Python scalars",
+        "mixed": Strategy(name="mixed", description="mixed dtypes, 0-d tensors and Python scalars",
                         dtypes=_mixed_dtypes, make=mixed.make_samples),
-        "layouts": Family(name="layouts", description="transposed, step-sliced, expanded, channels-last, offset",
+        "layouts": Strategy(name="layouts", description="transposed, step-sliced, expanded, channels-last, offset",
                           dtypes=_layout_dtypes, make=layouts.make_samples),
-        "variants": Family(name="variants", description="in-place, out= and view aliasing",
+        "variants": Strategy(name="variants", description="in-place, out= and view aliasing",
                            dtypes=_variant_dtypes, make=variants.make_samples),
-        "ties": Family(name="ties", description="tied values for ops that return indices of tied elements",
+        "ties": Strategy(name="ties", description="tied values for ops that return indices of tied elements",
                        dtypes=ties.tie_dtypes, make=ties.make_samples),
-        "accumulation": Family(name="accumulation",
+        "accumulation": Strategy(name="accumulation",
                                description="float16 and bfloat16 rows up to 65,536 along the dimensions summed",
                                dtypes=accumulation.accumulation_dtypes, make=accumulation.make_samples),
     }
 
 
-_FAMILIES: dict[str, Family] | None = None
+_STRATEGIES: dict[str, Strategy] | None = None
 
 
-def family(name: str) -> Family:
-    global _FAMILIES
-    if _FAMILIES is None:
-        _FAMILIES = _registry()
-    if name not in _FAMILIES:
+def strategy(name: str) -> Strategy:
+    global _STRATEGIES
+    if _STRATEGIES is None:
+        _STRATEGIES = _registry()
+    if name not in _STRATEGIES:
         import difflib
 
-        close = difflib.get_close_matches(name, FAMILIES, n=1)
+        close = difflib.get_close_matches(name, STRATEGIES, n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
-        raise ValueError(f"unknown input family {name!r}{hint} (families: {', '.join(FAMILIES)})")
-    return _FAMILIES[name]
+        raise ValueError(f"unknown input strategy {name!r}{hint} (strategies: {', '.join(STRATEGIES)})")
+    return _STRATEGIES[name]
 
 
-def family_samples(op, case) -> list:
-    """The samples of a family case, made on the CPU, deterministic for its seed."""
-    samples = family(case.config["inputs"]).make(op, case)
+def strategy_samples(op, case) -> list:
+    """The samples of a strategy case, made on the CPU, deterministic for its seed."""
+    samples = strategy(case.config["inputs"]).make(op, case)
     if not samples:
-        raise FamilyNotApplicable(f"the op's samples give the {case.config['inputs']} family nothing to transform")
+        raise StrategyNotApplicable(f"the op's samples give the {case.config['inputs']} strategy nothing to transform")
     return samples
 
 
-__all__ = ["FAMILIES", "Family", "FamilyNotApplicable", "family", "family_samples"]
+__all__ = ["STRATEGIES", "Strategy", "StrategyNotApplicable", "strategy", "strategy_samples"]

@@ -1,4 +1,4 @@
-"""The ``extremes`` family: values at the edges of each dtype.
+"""The ``extremes`` input strategy: values at the edges of each dtype.
 
 Accelerators narrow int64 to int32, compute integers in float32 (exact only
 up to 2^24), flush denormals, drop NaN and lose the sign of zero. OpInfo's

@@ -1,4 +1,4 @@
-"""The ``sizes`` family: lengths across hardware tile boundaries, and long reductions.
+"""The ``sizes`` input strategy: lengths across hardware tile boundaries, and long reductions.
 
 Trainium's partition dimension is 128, and accelerator kernels tile at 128,
 256, 512 and 2048; a kernel that normalises each tile on its own, or drops
