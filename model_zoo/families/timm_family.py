@@ -4,7 +4,7 @@ The names and each model's tiny defaults come from ``data/timm_models.json``,
 written by ``python -m model_zoo.families.timm_probe`` for the installed timm:
 the smallest square input that trains (found by a forward on the meta device),
 the ``img_size`` a fixed-size model must be built with, and, for models over
-the parameter cap, the depth kwargs that shrink them (``depth=2`` for
+the parameter cap, the depth kwargs that scale them down (``depth=2`` for
 ViT-style models, one block per stage for staged ones) so that a CI subset
 over all of timm fits its time budget. A shrunk model is the same
 architecture with fewer blocks; its entry says so (``meta['shrunk']``).

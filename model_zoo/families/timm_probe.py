@@ -5,7 +5,7 @@
 For every name in ``timm.list_models()`` (each a case on the runner's supervisor, see model_zoo/probing.py):
 
 1. build it on the meta device (no memory, no init cost) and count parameters;
-2. over ``PARAM_CAP``, shrink it with the depth kwargs its class takes
+2. over ``PARAM_CAP``, scale it down with the depth kwargs its class takes
    (``depth`` -> 2, ``depths``/``layers`` -> one block per stage, then
    fewer heads at the same head width) and keep the first that builds;
 3. find the smallest square input from ``SIZES`` for which a batch-2 train
@@ -67,7 +67,7 @@ def _params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _shrink_candidates(init: dict[str, Any]) -> list[dict[str, Any]]:
+def _scale_down_candidates(init: dict[str, Any]) -> list[dict[str, Any]]:
     depth: dict[str, Any] = {}
     if isinstance(init.get("depth"), int) and init["depth"] > 2:
         depth["depth"] = 2
@@ -135,10 +135,10 @@ def probe(name: str) -> dict[str, Any]:
     params = info["native_params"]
     if params > PARAM_CAP:
         best = None
-        for cand in _shrink_candidates(init):
+        for cand in _scale_down_candidates(init):
             try:
                 p = _params(_create(name, {**kwargs, **cand}, "meta"))
-            except Exception:  # noqa: BLE001 - this shrink does not apply to this model
+            except Exception:  # noqa: BLE001 - this scale-down does not apply to this model
                 continue
             if best is None or p < best[0]:
                 best = (p, cand)

@@ -1,4 +1,4 @@
-"""Builds a transformers model from a tiny config: shrink, fix up, construct, finish, make inputs."""
+"""Builds a transformers model from a tiny config: scale down, fix up, construct, finish, make inputs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ...errors import ModelBuildError
 from ...registry import ModelEntry
 from . import fixups
 from .inputs import InputContext, generic_inputs, signature_params
-from .shrink import Plan, add_mrope_sections, shrink_dict
+from .scale_down import Plan, add_mrope_sections, scale_down_dict
 
 ATTN_NAMES = {"eager": "eager", "sdpa": "sdpa", "flex": "flex_attention"}
 IMAGE_MODALITIES = ("image", "image+text", "video", "video+text")
@@ -25,13 +25,13 @@ def plan_for(config: ModelConfig, entry: ModelEntry) -> Plan:
 
 
 def make_hf_config(model_type: str, plan: Plan, size: int, modality: str, *, mrope: bool = False) -> Any:
-    """The tiny config for ``model_type``: defaults, the generic shrink, then the family's fix-ups."""
+    """The tiny config for ``model_type``: defaults, the generic scale-down, then the family's fix-ups."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
     plan = fixups.fix_plan(model_type, plan)
     base = fixups.base_config(model_type, cls).to_dict()
-    data = shrink_dict(base, plan)
+    data = scale_down_dict(base, plan)
     if mrope:
         add_mrope_sections(data, plan)
     fixups.fix_config_dict(model_type, data, plan, size=size, modality=modality, orig=base)

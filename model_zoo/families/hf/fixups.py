@@ -1,4 +1,4 @@
-"""Per-family knowledge: what the generic shrink and the generic inputs get wrong, by model type.
+"""Per-family knowledge: what the generic scale-down and the generic inputs get wrong, by model type.
 
 Each table maps a model type (or a tuple of them) to a small function:
 
@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from .inputs import InputContext
-from .shrink import Plan
+from .scale_down import Plan
 
 PLAN: dict[str, dict[str, int]] = {}
 BASE: dict[str, Callable[[type], Any]] = {}
@@ -511,16 +511,16 @@ def _dots3_audio(ctx: InputContext, generic: Callable) -> dict:
     return out
 
 
-def _shrink_blocks(d: dict, keep: int = 2, detect: bool = False) -> None:
-    """PP-LCNet v4 style ``block_configs`` ([kernel, in, out, stride, se] per block, per stage): the stem shrinks,
+def _scale_down_blocks(d: dict, keep: int = 2, detect: bool = False) -> None:
+    """PP-LCNet v4 style ``block_configs`` ([kernel, in, out, stride, se] per block, per stage): the stem is scaled down,
     so the blocks must too; keep ``keep`` blocks a stage (the config derives depths and stage widths from them).
     The default is the text-recognition layout (height-only [2, 1] strides); ``detect`` makes it the detection one,
     halving both sides from the second stage on and returning all four stages to the FPN neck."""
-    from .shrink import list_width
+    from .scale_down import list_width
 
     for value in d.values():
         if isinstance(value, dict):
-            _shrink_blocks(value, keep, detect)
+            _scale_down_blocks(value, keep, detect)
     blocks = d.get("block_configs")
     if isinstance(blocks, list) and blocks and isinstance(blocks[0], list):
         d["block_configs"] = [[[b[0], list_width(b[1]), list_width(b[2]),
@@ -534,12 +534,12 @@ def _shrink_blocks(d: dict, keep: int = 2, detect: bool = False) -> None:
 
 @_for(DICT, "pp_lcnet_v4", "pp_ocrv6_small_rec", "pp_ocrv6_tiny_rec")
 def _lcnet_v4_blocks(d: dict, plan: Plan, **_: Any) -> None:
-    _shrink_blocks(d)
+    _scale_down_blocks(d)
 
 
 @_for(DICT, "pp_ocrv6_small_det")
 def _ocr_small_det(d: dict, plan: Plan, **_: Any) -> None:
-    _shrink_blocks(d, detect=True)
+    _scale_down_blocks(d, detect=True)
     # the neck's inputs are the backbone's four stage widths
     d["layer_list_out_channels"] = [stage[-1][2] for stage in d["backbone_config"]["block_configs"]]
 
@@ -570,7 +570,7 @@ def _ocr_det_neck(d: dict, plan: Plan, **_: Any) -> None:
     d["scale_factor_list"] = d.get("scale_factor_list") or [1, 2, 4, 8]
     d["kernel_list"] = d.get("kernel_list") or [3, 2, 2]
     if d["backbone_config"].get("model_type") == "pp_lcnet_v4":  # PP-OCRv6 medium: the neck fuses all four stages
-        _shrink_blocks(d, detect=True)
+        _scale_down_blocks(d, detect=True)
 
 
 @_for(CONFIG, "pp_doclayout_v2")

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .shrink import SPECIAL_SPAN
+from .scale_down import SPECIAL_SPAN
 
 TEXT_LEN_DEFAULT = 16
 LM_TASKS = {"causal_lm", "masked_lm", "image_text_to_text", "multimodal_lm", "causal_image_modeling", "pretraining",
@@ -293,7 +293,7 @@ TIME_FIRST = {"speech_to_text", "speech_to_text_2", "univnet"}
 # Families that read (batch, mel, time) into a Conv2d stem (Qwen3-ASR chunks the time axis), not found by the Conv1d test.
 MEL_FIRST = {"qwen3_asr", "qwen3_asr_encoder"}
 # Multimodal models run on text alone: Gemma 3n's audio tokens index an embedder past the text vocabulary
-# and its vision tower is a full-size timm MobileNetV5 with a fixed token grid, neither of which shrinks.
+# and its vision tower is a full-size timm MobileNetV5 with a fixed token grid, neither of which scales down.
 TEXT_ONLY = {"gemma3n"}
 # Grid-style vision inputs whose patches stay (channels, patch, patch) images.
 PATCH_IMAGES = {"kimi_k25", "minicpm_ocr", "minicpmv4_6", "minicpmv4_7"}

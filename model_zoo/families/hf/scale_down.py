@@ -1,4 +1,4 @@
-"""The generic tiny-config pass: shrink every size field of a transformers config, recursively.
+"""The generic tiny-config pass: scale down every size field of a transformers config, recursively.
 
 It works on the config's ``to_dict()`` form and rebuilds the config with
 ``from_dict``, so fields a config derives in ``__post_init__`` (Swin's
@@ -33,7 +33,7 @@ POSITIONS = 512
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
-    """The target sizes of one shrink pass (the ModelConfig's knobs, filled with defaults)."""
+    """The target sizes of one scale-down pass (the ModelConfig's knobs, filled with defaults)."""
 
     layers: int = 2
     hidden: int = 32
@@ -150,7 +150,7 @@ class TokenMap:
         return self.moved[value]
 
 
-def shrink_dict(d: dict[str, Any], plan: Plan, tokens: TokenMap | None = None) -> dict[str, Any]:
+def scale_down_dict(d: dict[str, Any], plan: Plan, tokens: TokenMap | None = None) -> dict[str, Any]:
     """A shrunk copy of a config dict (sub-config dicts included)."""
     tokens = tokens or TokenMap(plan.vocab)
     orig_layers = _original_layers(d)
@@ -158,7 +158,7 @@ def shrink_dict(d: dict[str, Any], plan: Plan, tokens: TokenMap | None = None) -
                        if _is_int(d.get(k))), None)
     out: dict[str, Any] = {}
     for key, value in d.items():
-        out[key] = _shrink_value(key, value, d, plan, tokens, orig_layers, orig_heads)
+        out[key] = _scale_down_value(key, value, d, plan, tokens, orig_layers, orig_heads)
     if out.get("is_encoder_decoder") and out.get("decoder_start_token_id") is None and _is_int(out.get("vocab_size")):
         out["decoder_start_token_id"] = out.get("pad_token_id") if _is_int(out.get("pad_token_id")) else 0
     if "pad_token_id" in out and out["pad_token_id"] is None and _is_int(out.get("vocab_size")):
@@ -247,11 +247,11 @@ def _fix_forecast(d: dict[str, Any]) -> None:
         d["prediction_length"] = 8
 
 
-def _shrink_value(key: str, value: Any, d: dict[str, Any], plan: Plan, tokens: TokenMap,
+def _scale_down_value(key: str, value: Any, d: dict[str, Any], plan: Plan, tokens: TokenMap,
                   orig_layers: int | None, orig_heads: int | None) -> Any:
     k = key.lower()
     if is_subconfig_dict(value):
-        return shrink_dict(value, plan, tokens)
+        return scale_down_dict(value, plan, tokens)
     if key in OFF_FLAGS and isinstance(value, bool):
         return OFF_FLAGS[key]
     if key in RANDOM_AUGMENTATIONS and value is not None:
@@ -267,9 +267,9 @@ def _shrink_value(key: str, value: Any, d: dict[str, Any], plan: Plan, tokens: T
     if isinstance(value, bool) or value is None:
         return value
     if _is_int(value):
-        return _shrink_int(k, value, plan, tokens, orig_heads, d)
+        return _scale_down_int(k, value, plan, tokens, orig_heads, d)
     if _int_list(value):
-        return _shrink_int_list(k, value, plan, tokens, orig_layers)
+        return _scale_down_int_list(k, value, plan, tokens, orig_layers)
     if isinstance(value, (list, tuple)) and orig_layers and len(value) == orig_layers and orig_layers > plan.layers:
         return _per_layer(value, plan.layers)
     if isinstance(value, str) and "pattern" in k and orig_layers and len(value) == orig_layers > plan.layers:
@@ -290,7 +290,7 @@ def _int_like(x: Any) -> bool:
     return _is_int(x) or (isinstance(x, str) and x.isdigit())
 
 
-def _shrink_int(k: str, v: int, plan: Plan, tokens: TokenMap, orig_heads: int | None, d: dict[str, Any]) -> int:
+def _scale_down_int(k: str, v: int, plan: Plan, tokens: TokenMap, orig_heads: int | None, d: dict[str, Any]) -> int:
     if k.endswith(TOKEN_SUFFIX) or k in {"pad_token_id", "bos_token_id", "eos_token_id", "vocab_offset"}:
         return tokens(v) if k != "vocab_offset" else min(v, plan.vocab)
     if k in {"vocab_size", "vocab_size_per_layer_input", "unpadded_vocab_size", "text_vocab_size", "decoder_vocab_size",
@@ -381,7 +381,7 @@ def _shrink_int(k: str, v: int, plan: Plan, tokens: TokenMap, orig_heads: int | 
     return v
 
 
-def _shrink_int_list(k: str, v: list[int] | tuple[int, ...], plan: Plan, tokens: TokenMap,
+def _scale_down_int_list(k: str, v: list[int] | tuple[int, ...], plan: Plan, tokens: TokenMap,
                      orig_layers: int | None) -> Any:
     kind = type(v) if isinstance(v, tuple) else list
     if k.endswith(TOKEN_SUFFIX) or k in {"eos_token_id", "bos_token_id", "suppress_tokens", "begin_suppress_tokens"}:
