@@ -30,7 +30,7 @@ Goals: a CI subset of at least 2,000 configurations within 15 minutes with
      process: the target bare, inside the host-copy watch, and the CPU reference.
 
     python bench/model_zoo.py [--sample 2000] [--limit 200] [-j 2] [--overhead-configs 20] [--profile exact] [--warm]
-    python bench/model_zoo.py --noise-floor 45 [--noise-profile neuron-2.27]
+    python bench/model_zoo.py --noise-floor 45 [--noise-profile neuron-2.27] [--floor-only]
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def judged(configs: list, results: str, build: str) -> list[tuple]:
     return rows
 
 
-def noise_floor_cost(n: int, profile: str, tmp: str) -> None:
+def noise_floor_cost(n: int, profile: str, tmp: str, *, floor_only: bool = False) -> None:
     import json
 
     import model_zoo
@@ -162,7 +162,7 @@ def noise_floor_cost(n: int, profile: str, tmp: str) -> None:
     empty = Path(tmp) / "no_precision_model.json"
     empty.write_text(json.dumps({"name": "none", "ops": []}))
     os.environ["NEURON_VALIDATE_PRECISION_MODEL"] = str(empty)
-    plain = {r[0]: r for r in judged(configs, os.path.join(tmp, "plain"), "plain")}
+    plain = {} if floor_only else {r[0]: r for r in judged(configs, os.path.join(tmp, "plain"), "plain")}
     del os.environ["NEURON_VALIDATE_PRECISION_MODEL"]
     floor = {r[0]: r for r in judged(configs, os.path.join(tmp, "floor"), "floor")}
 
@@ -176,13 +176,15 @@ def noise_floor_cost(n: int, profile: str, tmp: str) -> None:
             counts[verdict(r)] = counts.get(verdict(r), 0) + 1
         print(f"   {name}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     formed = [t for t in floor if "device precision" in floor[t][2] or floor[t][1] == "inconclusive"]
-    if formed:
+    print(f"   time of all {len(floor)} cases with the noise floor: {sum(r[3] for r in floor.values()):.0f} s")
+    if formed and plain:
         ratio = sum(floor[t][3] for t in formed) / sum(plain[t][3] for t in formed)
         print(f"   time of the {len(formed)} cases that formed a noise floor: {ratio:.2f}x the same cases without it "
               f"(goal <= 2x); all cases: {sum(r[3] for r in floor.values()) / sum(r[3] for r in plain.values()):.2f}x")
     for t in sorted(floor):
         if verdict(floor[t]) != "pass":
-            print(f"     {verdict(plain[t]):<16} -> {verdict(floor[t]):<16} {t}: {floor[t][2][:140]}")
+            before = verdict(plain[t]) if t in plain else "-"
+            print(f"     {before:<16} -> {verdict(floor[t]):<16} {t}: {floor[t][2][:400]}")
 
 
 def watch_cost(configs: list) -> None:
@@ -258,10 +260,12 @@ def main() -> None:
     parser.add_argument("--noise-floor", type=int, default=0, metavar="N",
                         help="only the noise-floor figures, on N timm architectures")
     parser.add_argument("--noise-profile", default="neuron-2.27")
+    parser.add_argument("--floor-only", action="store_true",
+                        help="with --noise-floor: only the run with the noise floor (not the one without a precision model)")
     args = parser.parse_args()
     if args.noise_floor:
         with tempfile.TemporaryDirectory(prefix="bench_noise_") as tmp:
-            noise_floor_cost(args.noise_floor, args.noise_profile, tmp)
+            noise_floor_cost(args.noise_floor, args.noise_profile, tmp, floor_only=args.floor_only)
         return
 
     os.environ["NEURON_VALIDATE_EMULATOR_PROFILE"] = args.profile

@@ -99,6 +99,14 @@ class Judgement:
         return self.status is Status.PASS and self.noise is not None and self.noise.within
 
     @property
+    def ill_conditioned(self) -> bool:
+        """Inconclusive because the reference keeps no significant bit under the device's precision (the
+        condition estimate is in ``noise``), not because the CPU does not reproduce itself: an input that is
+        better conditioned may be judged where this one cannot."""
+        return (self.status is Status.INCONCLUSIVE and not self.nondeterministic and self.noise is not None
+                and self.noise.inconclusive)
+
+    @property
     def decided(self) -> Comparison:
         """The comparison as the judge decided it: a pass within device precision keeps its statistics, lists
         no mismatch and says what let it pass (for callers that keep a Comparison, such as the localiser)."""

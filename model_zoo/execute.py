@@ -9,6 +9,15 @@ steps (steps), with the model-scope tolerances, through the one judge
 (diff.judge): a float64 copy of the model is the golden, built only when the
 target does not match at once, and a second reference run tells a
 non-deterministic model (``inconclusive``) from a wrong target.
+
+A configuration whose reference keeps no significant bit under the device's
+precision (the noise floor's condition estimate; typically batch norm over
+the few values per channel that two small images leave) and in which every op
+agrees alone (diff.replay) is judged again on a larger input
+(:func:`larger_inputs`): the first that the judge can decide gives the
+case's verdict, and the outcome says which input that was and why. It stays
+``inconclusive`` only where no larger input can be judged either. The case
+keeps its id: its configuration is unchanged.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from runner.executors import Executor
 
 
 NOISE_RUNS = 2  # perturbed reference runs of a zoo case whose target has a precision model (cost: bench/model_zoo.py)
+CONDITIONING_BATCH = 4  # an ill-conditioned configuration is judged again on this many times its batch
 # A model case's cached reference holds its outputs, loss and every gradient (and parameters after K steps):
 # larger than an op's samples, so its entries may be larger too (runner.refcache bounds the file as a whole).
 MAX_CACHED_MODEL_BYTES = 16 << 20
@@ -179,8 +189,9 @@ def run_reference(case: Case, built, config, ctx) -> tuple[dict, bool]:
     return expected, False
 
 
-def judge_case(case: Case, config, actual: dict, expected: dict, target, reference):
-    """The one judge on both sides' results; reruns (golden, determinism, noise floor, op replay) rebuild the model."""
+def judge_case(case: Case, config, actual: dict, expected: dict, target, reference, *, replay: bool = True):
+    """The one judge on both sides' results; reruns (golden, determinism, noise floor, op replay) rebuild the model.
+    ``replay``: judge an ill-conditioned whole op by op (diff.replay); without it, it stays inconclusive."""
     from . import build
 
     precision = model_for(target)
@@ -195,9 +206,10 @@ def judge_case(case: Case, config, actual: dict, expected: dict, target, referen
         golden=lambda: again("cpu", torch.float64),
         reference_again=again,
         noise=lambda: perturbed_runs(again, precision, runs=NOISE_RUNS, seed=case.seed),
-        by_op=lambda: replay_ops(again, device=target.device, precision=precision,
-                                 judge_for=lambda op: Judge(tolerance=TolerancePolicy().for_dtype(op),
-                                                            device=target.device.type, precision=precision)))
+        by_op=None if not replay else lambda: replay_ops(
+            again, device=target.device, precision=precision,
+            judge_for=lambda op: Judge(tolerance=TolerancePolicy().for_dtype(op), device=target.device.type,
+                                       precision=precision)))
     return verdict, precision
 
 
@@ -239,13 +251,21 @@ def verdict_outcome(case: Case, verdict, precision, side: TargetRun, expected: d
 
 
 def execute_model_case(case: Case, ctx) -> Outcome:
-    """Builds the configuration, runs the target, then the reference (or takes it from the cache), and judges."""
-    timings: dict[str, float] = {}
+    """Builds the configuration, runs the target, then the reference (or takes it from the cache), and judges;
+    an ill-conditioned configuration is judged again on a larger input (:func:`judged_on_larger_input`)."""
     t0 = time.perf_counter()
     config, built = build_case(case)
     if isinstance(built, Outcome):
         return built
-    timings["generation"] = time.perf_counter() - t0
+    outcome, verdict = judge_built(case, config, built, ctx, timings={"generation": time.perf_counter() - t0})
+    if verdict is not None and verdict.ill_conditioned:
+        return judged_on_larger_input(case, config, outcome, ctx)
+    return outcome
+
+
+def judge_built(case: Case, config, built, ctx, *, timings: dict, replay: bool = True):
+    """The outcome of a built configuration, and the judge's verdict (None when the target raised or ran eagerly
+    under compile). Takes ``built`` over: the reference trains it in place."""
     target, reference = ctx.target, ctx.reference
 
     t0 = time.perf_counter()
@@ -257,7 +277,7 @@ def execute_model_case(case: Case, ctx) -> Outcome:
         expected, cached = run_reference(case, built, config, ctx)
     except Exception as exc:  # noqa: BLE001
         return Outcome(case_id=case.id, status=Status.SKIP, message=f"fails on the reference: {one_line(exc)}",
-                       evidence={"error": traceback.format_exc()}, timings=timings)
+                       evidence={"error": traceback.format_exc()}, timings=timings), None
     timings["reference"] = time.perf_counter() - t0
     del built
 
@@ -268,19 +288,74 @@ def execute_model_case(case: Case, ctx) -> Outcome:
     if side.error is not None:
         evidence["error"] = traceback.format_exception_only(type(side.error), side.error)[-1].strip()
         return Outcome(case_id=case.id, status=classify_error(side.error), message=one_line(side.error),
-                       evidence=evidence, timings=timings, cached_reference=cached)
+                       evidence=evidence, timings=timings, cached_reference=cached), None
     if side.compiled is not None:
         evidence["compiled_graphs"] = side.compiled.graphs
         if ran_eagerly(side.compiled):  # never a pass: the compiler was not tested
             return Outcome(case_id=case.id, status=Status.ERROR, message=f"harness error: {EAGER_UNDER_COMPILE}",
-                           evidence={**evidence, "harness_error": True}, timings=timings, cached_reference=cached)
+                           evidence={**evidence, "harness_error": True}, timings=timings,
+                           cached_reference=cached), None
 
     t0 = time.perf_counter()
-    verdict, precision = judge_case(case, config, side.actual, expected, target, reference)
+    verdict, precision = judge_case(case, config, side.actual, expected, target, reference, replay=replay)
     timings["comparison"] = time.perf_counter() - t0
     outcome = verdict_outcome(case, verdict, precision, side, expected, evidence, timings)
     outcome.cached_reference = cached
-    return outcome
+    return outcome, verdict
+
+
+def larger_inputs(config) -> list:
+    """Inputs to judge an ill-conditioned configuration on, cheapest first: ``CONDITIONING_BATCH`` times its batch
+    (batch norm over more values per channel), then that batch at the entry's next larger size, where the entry
+    lists one (larger feature maps: more values per channel where a network pools a small image down to one)."""
+    from . import registry
+
+    wider = config.replace(batch=config.batch * CONDITIONING_BATCH)
+    sizes = [s for s in registry.get_entry(config.arch).sizes if s > config.size]
+    return [wider] + ([wider.replace(size=sizes[0])] if sizes else [])
+
+
+# Verdicts a larger input can give the case: the judge decided the values (or the target ran on the host).
+DECIDED = (Status.PASS, Status.MISMATCH, Status.CPU_FALLBACK)
+
+
+def judged_on_larger_input(case: Case, config, outcome: Outcome, ctx) -> Outcome:
+    """The verdict on the first of :func:`larger_inputs` that the judge can decide, in place of ``outcome`` (an
+    ill-conditioned ``inconclusive``), saying so; ``outcome`` itself, with what each larger input gave, where none
+    can be decided. Each larger input is judged without the op replay: the case's own input had it (every op agreed)."""
+    from . import ModelBuildError, build
+
+    floor = outcome.evidence.get("noise_floor", {})
+    own = (f"batch {config.batch}, size {config.size} is ill-conditioned under the device's precision (condition "
+           f"estimate {floor.get('condition', float('nan')):.3g} at {floor.get('worst', '?')})")
+    tried: list[dict] = []
+    timings = dict(outcome.timings)
+    for larger in larger_inputs(config):
+        t0 = time.perf_counter()
+        try:
+            built = build(larger)
+        except ModelBuildError as exc:
+            tried.append({"config": str(larger), "status": "skip", "message": str(exc)[:200]})
+            continue
+        step: dict[str, float] = {"generation": time.perf_counter() - t0}
+        got, verdict = judge_built(model_case(larger), larger, built, ctx, timings=step, replay=False)
+        del built
+        for key, value in step.items():
+            timings[f"larger_input.{key}"] = timings.get(f"larger_input.{key}", 0.0) + value
+        tried.append({"config": str(larger), "status": got.status.value, "message": got.message[:300],
+                      **({"noise_floor": got.evidence["noise_floor"]} if "noise_floor" in got.evidence else {})})
+        if got.status in DECIDED and verdict is not None and not verdict.ill_conditioned:
+            evidence = {**got.evidence, "judged_on": {"config": larger.set_fields(), "batch": larger.batch,
+                                                     "size": larger.size, "case_input": own, "tried": tried},
+                        "case_noise_floor": floor, "case_op_replay": outcome.evidence.get("op_replay")}
+            return Outcome(case_id=case.id, status=got.status, evidence=evidence, timings=timings,
+                           message=f"judged on batch {larger.batch}, size {larger.size} (this configuration's "
+                                   f"{own}; every op agreed alone): {got.message}")
+    evidence = {**outcome.evidence, "larger_inputs": tried}
+    also = "; ".join(f"{t['config']}: {t['status']}" for t in tried)
+    return Outcome(case_id=case.id, status=outcome.status, evidence=evidence, timings=timings,
+                   cached_reference=outcome.cached_reference,
+                   message=f"{outcome.message}; no larger input could be judged either ({also})")
 
 
 def probe_model_reference(case: Case, ctx) -> None:
@@ -303,6 +378,8 @@ def write_model_repro(case: Case, outcome: Outcome, ctx) -> str | None:
     folder.mkdir(parents=True, exist_ok=True)
     env = {k: os.environ[k] for k in EMULATOR_ENV if k in os.environ}
     summary = outcome.message[:300].replace('"""', "'")
+    # a case judged on a larger input (judged_on_larger_input) is reproduced on that input
+    config_fields = (outcome.evidence.get("judged_on") or {}).get("config") or case.config
     script = f'''#!/usr/bin/env python
 """Reproducer for {case.title} (case {case.id}).
 
@@ -320,7 +397,7 @@ from diff.tolerances import TolerancePolicy
 from model_zoo import ModelConfig, build
 from model_zoo.execute import run_side
 
-config = ModelConfig.from_dict(json.loads({json.dumps(json.dumps(case.config))}))
+config = ModelConfig.from_dict(json.loads({json.dumps(json.dumps(config_fields))}))
 target = resolve_target(sys.argv[1] if len(sys.argv) > 1 else {str(ctx.target.spec)!r})
 prepare = target.compile if target.compiles or config.execution == "compile" else None
 actual = run_side(build(config), config, target.device, prepare=prepare)

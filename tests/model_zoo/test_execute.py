@@ -116,3 +116,46 @@ def default_config_for(arch):
     from model_zoo import default_config
 
     return default_config(arch, mode="train")
+
+
+# Batch norm over two 48x48 images: its base configuration keeps no significant bit under the default profile's
+# activation tables (condition estimate ~1e8), while at batch 8 the noise floor leaves bits to judge.
+ILL_CONDITIONED = "timm/ghostnetv3_050"
+
+
+def _judge_base(tmp_path, build: str, bugs: str = ""):
+    import os
+
+    from tests.conftest import REPO
+
+    config = default_config_for(ILL_CONDITIONED)
+    env = {"NEURON_VALIDATE_EMULATOR_PROFILE": "neuron-2.27", "ACCEL_BUGS": bugs,
+           "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+    settings = RunSettings(target="neuron", timeout_s=900, artifacts_dir=str(tmp_path / build), env=env,
+                           backend_modules=("tests.fixtures.accelerator_bugs",))
+    with ResultStore.open(tmp_path) as store:
+        run_suite([model_case(config)], settings=settings, plugins=[StoreWriter(store)], build_id=build, manifest={},
+                  target_label="neuron", jobs=1)
+        (row,) = store.results(build)
+    assert row.case.id == model_case(config).id, "the case keeps its id: its configuration is unchanged"
+    return config, row.outcome
+
+
+def test_an_ill_conditioned_configuration_is_judged_on_a_larger_input_where_a_fault_still_shows(tmp_path):
+    config, clean = _judge_base(tmp_path, "clean")
+    assert clean.status is Status.PASS, clean.message
+    judged = clean.evidence["judged_on"]
+    assert judged["batch"] == 4 * config.batch and judged["size"] == config.size
+    assert clean.message.startswith(f"judged on batch {4 * config.batch}, size {config.size}")
+    assert "ill-conditioned under the device's precision" in clean.message
+    case_floor = clean.evidence["case_noise_floor"]
+    assert case_floor["inconclusive"] and case_floor["condition"] > 1e6, "measured, by the case's own noise floor"
+    assert clean.evidence["case_op_replay"]["judged"] > 0 and not clean.evidence["case_op_replay"]["first"]
+    assert not clean.evidence["noise_floor"]["inconclusive"], "the larger input leaves bits to judge"
+
+    # A batch-norm kernel wrong past 4 samples: exact on the case's own 2 images (so every op agrees there),
+    # caught on the larger input.
+    _, faulty = _judge_base(tmp_path, "faulty", bugs="batch_norm_first_tile")
+    assert faulty.status is Status.MISMATCH, faulty.message
+    assert faulty.evidence["judged_on"]["batch"] == 4 * config.batch
+    assert not faulty.evidence["case_op_replay"]["first"], "the case's own input cannot show this bug"
