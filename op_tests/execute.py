@@ -53,7 +53,7 @@ from .aggregate import aggregate, name_the_cause
 from .draws import DrawWatch
 from .fences import fenced, poison_free_memory
 from .judging import GOLDEN_DTYPES, SampleVerdict, check_sample, judge_sample, sample_judge, tolerances
-from .run import BatchReport, SideResult, fresh_leaves, run_compiled_batch, run_op, target_inputs
+from .run import BatchReport, SampleRun, fresh_leaves, run_compiled_batch, run_op, target_inputs
 from .sources import case_op, op_db, op_key, sample_seed
 
 
@@ -114,7 +114,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             t0 = time.perf_counter()
             if cache_ok:
                 entry = cached[i]
-                ref = SideResult(value=entry.get("value"), error=entry.get("error"), error_type=entry.get("error_type"),
+                ref = SampleRun(value=entry.get("value"), error=entry.get("error"), error_type=entry.get("error_type"),
                                  skipped=entry.get("skipped"))
             else:
                 ref = run_op(op, rule, sample, parts, backward=backward, device="cpu", seed=seed)
@@ -128,7 +128,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             entry[4] = target_inputs(entry[3], target.device, rule.cpu_arguments)
         timer.add("generation", t0)
 
-        compiled: dict[int, SideResult] = {}
+        compiled: dict[int, SampleRun] = {}
         drew_in_batch = False
         if target.compiles:  # the samples the reference runs, compiled together (op_tests/run.py)
             t0 = time.perf_counter()
@@ -146,7 +146,7 @@ def execute_op_case(case: Case, ctx) -> Outcome:
             t0 = time.perf_counter()
             drew = drew_in_batch
             if target.compiles:
-                tgt = compiled.get(i) or SideResult()  # not run: the reference fails or skips this sample
+                tgt = compiled.get(i) or SampleRun()  # not run: the reference fails or skips this sample
             else:
                 with watch_host_copies(watch, allowed=len(rule.cpu_arguments)) as seen, \
                         DrawWatch(target.own_random_stream) as watched:

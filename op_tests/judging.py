@@ -21,7 +21,7 @@ from diff.tolerances import TolerancePolicy
 
 from .fences import fenced, poison_free_memory
 from .rules import OpRule, rule_for
-from .run import SideResult, fresh_leaves, run_op, target_inputs
+from .run import SampleRun, fresh_leaves, run_op, target_inputs
 from .samples import sample_parts, sample_variant
 from .sources import op_key, sample_seed
 
@@ -83,7 +83,7 @@ def check_sample(op, case: Case, sample, index: int, target) -> SampleVerdict:
                         nondeterministic=[])
 
 
-def judge_sample(i, op, rule, sample, parts, ref: SideResult, tgt: SideResult, *, backward, seed, judge: Judge,
+def judge_sample(i, op, rule, sample, parts, ref: SampleRun, tgt: SampleRun, *, backward, seed, judge: Judge,
                  nondeterministic: list[int], journal: CaseJournal | None = None) -> SampleVerdict:
     """One sample's verdict. A sample the CPU reference cannot reproduce is judged by dtype, shape and device
     only (the judge's ``inconclusive``), and listed in the case's evidence.

@@ -53,7 +53,9 @@ def fresh_leaves(value):
 
 # ---------------------------------------------------------------- running one side
 @dataclass
-class SideResult:
+class SampleRun:
+    """One side's run of one sample: what it returned, or why it has nothing to compare."""
+
     value: Any = None  # processed outputs (forward) or gradients (backward), on the side's device
     error: str | None = None
     error_type: str | None = None
@@ -83,7 +85,7 @@ def op_callable(op, variant: str = ""):
     return lambda i, *a, **k: op(i, *a, **k)
 
 
-def run_op(op, rule: OpRule, sample, parts, *, backward: bool, device, seed: int, prepare=None) -> SideResult:
+def run_op(op, rule: OpRule, sample, parts, *, backward: bool, device, seed: int, prepare=None) -> SampleRun:
     """Runs the op (or the sample's variant of it) on one side; ``parts`` are that side's (input, args, kwargs)."""
     variant = sample_variant(sample)
     fn = op if prepare is None and not variant else op_callable(op, variant)
@@ -94,26 +96,26 @@ def run_op(op, rule: OpRule, sample, parts, *, backward: bool, device, seed: int
     return result
 
 
-def _run_op(fn, rule: OpRule, sample, parts, *, backward: bool, device, seed: int) -> SideResult:
+def _run_op(fn, rule: OpRule, sample, parts, *, backward: bool, device, seed: int) -> SampleRun:
     inp, args, kwargs = parts
     try:
         out = processed_output(fn(inp, *args, **kwargs), rule, sample, parts, backward=backward)
         if not backward:
-            return SideResult(value=out)
+            return SampleRun(value=out)
         diff_inputs, diff_outputs = differentiable(parts, out)
         if not diff_inputs or not diff_outputs:
-            return SideResult(skipped="no differentiable inputs or outputs")
+            return SampleRun(skipped="no differentiable inputs or outputs")
         grads = torch.autograd.grad(
             diff_outputs, diff_inputs, _cotangents(diff_outputs, seed, device), allow_unused=True
         )
-        return SideResult(value=list(grads))
+        return SampleRun(value=list(grads))
     except Exception as exc:  # noqa: BLE001 - any failure of the op is a finding
         return failed(exc)
 
 
-def failed(exc: BaseException) -> SideResult:
+def failed(exc: BaseException) -> SampleRun:
     text = f"{type(exc).__name__}: {exc}"
-    return SideResult(error=text.strip(), error_type=type(exc).__name__)
+    return SampleRun(error=text.strip(), error_type=type(exc).__name__)
 
 
 def processed_output(out, rule: OpRule, sample, parts, *, backward: bool):
@@ -164,20 +166,20 @@ class BatchReport:
 
 def run_compiled_batch(op, rule: OpRule, samples, parts: dict[int, Any], *, backward: bool, target,
                        seeds: dict[int, int], journal: CaseJournal | None = None
-                       ) -> tuple[dict[int, SideResult], BatchReport]:
+                       ) -> tuple[dict[int, SampleRun], BatchReport]:
     """The target side of the samples ``parts`` (index -> that side's inputs), compiled in batches.
 
     ``journal``: each batch is written there before it compiles. A batch that killed the worker (a compiler
     that segfaults) is split on the case's next run, down to the samples that kill it alone: each of those is
     a ``crash`` of its own (the supervisor reruns a case that died with a batch in flight)."""
     report = BatchReport(batches=[], alone=[], crashed=[])
-    results: dict[int, SideResult] = {}
+    results: dict[int, SampleRun] = {}
     deaths = journal.crashed() if journal is not None else []
     report.deaths = len(deaths)
     for died, reason in deaths:
         if len(died) == 1 and died[0] in parts:
             i = died[0]
-            results[i] = SideResult(crashed=f"the compiler killed the worker ({reason}) on this sample in a graph "
+            results[i] = SampleRun(crashed=f"the compiler killed the worker ({reason}) on this sample in a graph "
                                             "of its own")
             report.crashed.append(i)
             report.alone.append(i)  # it was compiled in a graph of its own, and died there
@@ -202,7 +204,7 @@ def run_compiled_batch(op, rule: OpRule, samples, parts: dict[int, Any], *, back
                                 seed=seeds[i], prepare=lambda fn: target.compile(fn, fullgraph=True))
             if results[i].error_type in _graph_break_names():
                 report.fallback = report.fallback or results[i].error.splitlines()[0][:300]
-                results[i] = SideResult(graphs=0)
+                results[i] = SampleRun(graphs=0)
             report.alone.append(i)
             report.graphs += results[i].graphs or 0
             outcome = None
@@ -268,7 +270,7 @@ def _direct_batch(fns, inputs, target):
 
 
 def _compile_group(op, rule: OpRule, samples, parts: dict[int, Any], group: list[int], *, backward: bool, target,
-                   seeds: dict[int, int], dynamo: bool = True) -> dict[int, SideResult] | BaseException | None:
+                   seeds: dict[int, int], dynamo: bool = True) -> dict[int, SampleRun] | BaseException | None:
     """One graph for the group's samples (fullgraph), then each sample's output processed (and, backward,
     all gradients in one pass: the samples share no input). The exception when the batch fails. The graph is
     built directly where it can be (:func:`_direct_batch`), else by dynamo; ``dynamo=False``: None instead of
@@ -294,7 +296,7 @@ def _compile_group(op, rule: OpRule, samples, parts: dict[int, Any], group: list
             target.synchronize()
         except Exception as exc:  # noqa: BLE001 - the caller bisects or falls back
             return exc
-    results: dict[int, SideResult] = {}
+    results: dict[int, SampleRun] = {}
     pending: list[tuple[int, list, list]] = []
     for i, out in zip(group, raw):
         try:
@@ -303,11 +305,11 @@ def _compile_group(op, rule: OpRule, samples, parts: dict[int, Any], group: list
             results[i] = failed(exc)
             continue
         if not backward:
-            results[i] = SideResult(value=value)
+            results[i] = SampleRun(value=value)
             continue
         diff_inputs, diff_outputs = differentiable(parts[i], value)
         if not diff_inputs or not diff_outputs:
-            results[i] = SideResult(skipped="no differentiable inputs or outputs")
+            results[i] = SampleRun(skipped="no differentiable inputs or outputs")
         else:
             pending.append((i, diff_inputs, diff_outputs))
     if pending:
@@ -321,7 +323,7 @@ def _compile_group(op, rule: OpRule, samples, parts: dict[int, Any], group: list
             return exc if dynamo else None
         taken = 0
         for i, ins, _ in pending:
-            results[i] = SideResult(value=list(grads[taken:taken + len(ins)]))
+            results[i] = SampleRun(value=list(grads[taken:taken + len(ins)]))
             taken += len(ins)
     for result in results.values():
         result.graphs, result.direct = compiled.graphs, direct
