@@ -17,6 +17,10 @@ Goals: the full forward-and-backward sweep within 20 minutes on 2 cores;
 overhead 1.25x at most; warm-cache speedup 1.8x at least.
 
     python bench/op_sweep.py [--ops GLOB,...] [--dtypes ...] [-j 2] [--profile exact] [--keep DIR] [--overhead-only]
+    python bench/op_sweep.py --strategies accumulation --strategies-only --no-warm --no-overhead --profile neuron-2.27
+
+``--strategies-only`` runs the input strategies' cases alone (no OpInfo samples, no hypothesis examples) and
+prints how long listing them took; ``--no-warm`` leaves out the second sweep (figure 4).
 """
 
 from __future__ import annotations
@@ -67,9 +71,10 @@ def report_verdicts(results: str) -> None:
     with ResultStore.open(results) as store:
         cold = {r.case_id: r for r in store.statuses("cold")}
         warm = {r.case_id: r.status for r in store.statuses("warm")}
-    differ = [cold[c].title for c in cold if warm.get(c) != cold[c].status]
-    print(f"verdicts of the two sweeps: {len(cold) - len(differ)} of {len(cold)} identical"
-          + (f"; differ: {', '.join(differ[:10])}" if differ else ""))
+    if warm:
+        differ = [cold[c].title for c in cold if warm.get(c) != cold[c].status]
+        print(f"verdicts of the two sweeps: {len(cold) - len(differ)} of {len(cold)} identical"
+              + (f"; differ: {', '.join(differ[:10])}" if differ else ""))
     for r in cold.values():
         if r.status.value not in ("pass", "skip"):
             print(f"  {r.status.value:<12} {r.title}: {r.message[:160]}")
@@ -178,6 +183,9 @@ def main() -> None:
     parser.add_argument("--loop-cases", type=int, default=300, help="cases measured by the in-process loops")
     parser.add_argument("--overhead-only", action="store_true", help="only the overhead and test_compare_cpu figures")
     parser.add_argument("--no-overhead", action="store_true", help="leave out the overhead and test_compare_cpu figures")
+    parser.add_argument("--strategies-only", "--families-only", dest="strategies_only", action="store_true",
+                        help="only the input strategies' cases (no OpInfo samples, no hypothesis examples)")
+    parser.add_argument("--no-warm", action="store_true", help="leave out the rerun with a warm reference cache")
     parser.add_argument("--keep", default=None, metavar="DIR",
                         help="keep the results store here (builds 'cold' and 'warm') instead of a temporary folder")
     args = parser.parse_args()
@@ -186,12 +194,15 @@ def main() -> None:
     from collections import Counter
 
     from op_tests.strategies import STRATEGIES
-    from op_tests.sources import OpSelection, all_cases
+    from op_tests.sources import OpSelection, all_cases, strategy_cases
 
     split = lambda s: tuple(x for x in s.split(",") if x)  # noqa: E731
     strategies = STRATEGIES if args.strategies == "all" else () if args.strategies == "none" else split(args.strategies)
-    cases = all_cases(OpSelection(patterns=split(args.ops) or ("*",), dtypes=split(args.dtypes),
-                                  directions=split(args.directions), strategies=strategies))
+    selection = OpSelection(patterns=split(args.ops) or ("*",), dtypes=split(args.dtypes),
+                            directions=split(args.directions), strategies=strategies)
+    t0 = time.perf_counter()
+    cases = strategy_cases(selection) if args.strategies_only else all_cases(selection)
+    print(f"listing the cases took {time.perf_counter() - t0:.1f} s")
     counts = Counter(source_of(c) for c in cases)
     print(f"cases: {len(cases)}; per source: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(),
                                                                                           key=lambda kv: -kv[1])))
@@ -211,9 +222,10 @@ def main() -> None:
             print(f"  {key:<22} {totals[key]:9.1f} s over {counts[key.removeprefix('source: ')]} cases "
                   "(summed over workers, reproducers included)")
         per_case_harness = cold * args.jobs / max(summary.total, 1)
-        warm, warm_summary, _, cached = sweep(cases, results, "warm", args.jobs, args.timeout)
-        print(f"rerun with a warm reference cache: {warm:.1f} s ({cached} of {warm_summary.total} cases from cache); "
-              f"speedup {cold / warm:.2f}x (goal >= 1.8x)")
+        if not args.no_warm:
+            warm, warm_summary, _, cached = sweep(cases, results, "warm", args.jobs, args.timeout)
+            print(f"rerun with a warm reference cache: {warm:.1f} s ({cached} of {warm_summary.total} cases from "
+                  f"cache); speedup {cold / warm:.2f}x (goal >= 1.8x)")
         report_verdicts(results)
         if not args.no_overhead:
             overhead(cases, args, results, cold_per_case=per_case_harness)
