@@ -20,7 +20,7 @@ from diff.precision import model_for, perturbed_values
 from diff.tolerances import TolerancePolicy
 from runner.executors import Executor
 
-from .launch import RankFailure, run_ranks
+from .launch import RankFailure, run_ranks, start_fork_server
 
 # The worst first: what a case's outcome is when its samples disagree.
 SEVERITY = (Status.CRASH, Status.MISMATCH, Status.ERROR, Status.UNSUPPORTED, Status.INCONCLUSIVE, Status.SKIP)
@@ -162,4 +162,5 @@ def probe_distributed_reference(case: Case, ctx) -> None:
     resolve_target("cpu")
 
 
-EXECUTOR = Executor(kind="distributed", execute=execute_distributed_case, probe_reference=probe_distributed_reference)
+EXECUTOR = Executor(kind="distributed", execute=execute_distributed_case, probe_reference=probe_distributed_reference,
+                    warmup=start_fork_server)

@@ -60,6 +60,16 @@ def _start_method(fresh: bool) -> str:
     return "forkserver"
 
 
+def start_fork_server() -> None:
+    """A worker's warm-up: the fork server imports :data:`PRELOAD` now (a no-op rank-less process waits for it),
+    so a case's timeout measures the case, not the server's start (several seconds of CPU: on a loaded machine
+    the first case of a worker ran out a 25 s timeout on it)."""
+    if _start_method(False) == "forkserver":
+        process = multiprocessing.get_context("forkserver").Process(target=os.getpid)
+        process.start()
+        process.join()
+
+
 def run_ranks(fn: Callable[..., Any], world_size: int, *args, logs: str | None = None,
               fresh: bool = False) -> list[Any]:
     """``fn(*args)`` on ranks 0..world_size-1 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set); their results.
