@@ -262,7 +262,7 @@ def _shrunk(op, case: Case, sample, index: int, outcome: Outcome, ctx, check):
     """The sample shrunk while it fails as the case did: the outcome's status and, where the case named one,
     its cause (evidence["cause"]); the sample as it was when shrinking is off."""
     from .causes import ALL_INPUTS, SOME_INPUTS, sample_facts
-    from .shrink import Failure, shrink
+    from .shrink import FailureKind, shrink
 
     if check is None or not getattr(ctx.settings, "shrink", True):
         return sample, ""
@@ -271,11 +271,11 @@ def _shrunk(op, case: Case, sample, index: int, outcome: Outcome, ctx, check):
         cause = None  # no fact of the inputs separates the failing samples: there is no cause to keep
     strategy = case.config.get("inputs", "")
 
-    def fails_how(candidate) -> Failure:
+    def fails_how(candidate) -> FailureKind:
         status = check(op, case, candidate, index, ctx.target).status
-        return Failure(status, cause if cause in sample_facts(candidate, strategy, case.name) else None)
+        return FailureKind(status, cause if cause in sample_facts(candidate, strategy, case.name) else None)
 
-    result = shrink(sample, Failure(outcome.status, cause), fails_how)
+    result = shrink(sample, FailureKind(outcome.status, cause), fails_how)
     return result.sample, result.describe()
 
 

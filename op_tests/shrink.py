@@ -4,7 +4,7 @@ A case that fails on a 2049 x 5 tensor, or on 40 samples of which three
 fail, makes a poor bug report: 45 MB of inputs for one case was seen. So
 the sample that failed with the fewest bytes of input is made smaller while
 it keeps failing the same way, checked by running both sides and the judge
-exactly as the case did. "The same way" is a :class:`Failure`: the same
+exactly as the case did. "The same way" is a :class:`FailureKind`: the same
 status and, where the case's failures were named after a cause
 (op_tests/causes.py), that cause still present, as hypothesis keeps a
 failure's origin while it shrinks. A smaller input that fails otherwise (an
@@ -48,7 +48,7 @@ MAX_CHECKS = 200
 
 
 @dataclass(frozen=True, slots=True)
-class Failure:
+class FailureKind:
     """How a sample fails: its status, and the cause its case was named after (a key of op_tests.causes.CAUSES)
     where the sample has that fact; None where the case names no cause, or the sample lacks it."""
 
@@ -64,7 +64,7 @@ class Shrunk:
     sample: object
     before: list[tuple[int, ...]]
     after: list[tuple[int, ...]]
-    failure: Failure | None = None
+    failure: FailureKind | None = None
     checks: int = 0
     remembered: int = 0  # candidates met again after they were rejected, and not run again
     steps: list[str] = field(default_factory=list)
@@ -138,7 +138,7 @@ def _candidates(sample) -> Iterator[tuple[object, str]]:
                     continue
 
 
-def shrink(sample, failure: Failure, fails_how: Callable[[object], Failure], *, budget_s: float = BUDGET_S,
+def shrink(sample, failure: FailureKind, fails_how: Callable[[object], FailureKind], *, budget_s: float = BUDGET_S,
            max_checks: int = MAX_CHECKS) -> Shrunk:
     """The smallest sample found that still fails as ``failure`` says the sample does; ``fails_how`` runs a
     candidate on both sides, judges it and says how it fails (a passing candidate: status pass)."""

@@ -25,7 +25,7 @@ from op_tests.strategies import STRATEGIES, strategy_samples
 from op_tests.strategies.layouts import relayout
 from op_tests.strategies.sizes import LONG_SIZES, TILE_SIZES
 from op_tests.samples import inputs_fingerprint
-from op_tests.shrink import Failure, _content_key, shrink
+from op_tests.shrink import FailureKind, _content_key, shrink
 from op_tests.sources import OpSelection, strategy_cases, get_op
 from tests.conftest import REPO, built_once, run_cli
 
@@ -144,14 +144,14 @@ def test_shrinking_keeps_the_failure_and_its_cause_and_runs_no_candidate_twice(s
     sample = make_sample((torch.randn(7, 2049), (), {}), "length 2049 on dim -1")
     ran = []
 
-    def fails_how(candidate) -> Failure:
+    def fails_how(candidate) -> FailureKind:
         ran.append(_content_key(candidate))
         n = candidate.input.shape[-1]
         status = Status.MISMATCH if n > 128 else small_rows if n < 8 else Status.PASS
-        return Failure(status, "rows_over_tile" if "rows_over_tile" in sample_facts(candidate) else None)
+        return FailureKind(status, "rows_over_tile" if "rows_over_tile" in sample_facts(candidate) else None)
 
     failure = fails_how(sample)
-    assert failure == Failure(Status.MISMATCH, "rows_over_tile")
+    assert failure == FailureKind(Status.MISMATCH, "rows_over_tile")
     result = shrink(sample, failure, fails_how)
     assert tuple(result.sample.input.shape) == (1, 129), result.describe()
     assert "2049" in result.describe() and "129" in result.describe()
