@@ -333,8 +333,7 @@ class _Walker:
         """Random outputs: same distribution, by a two-sample Kolmogorov-Smirnov test."""
         if a.is_complex():
             a, e = torch.view_as_real(a), torch.view_as_real(e)
-        af = a.reshape(-1).to(torch.float64)
-        ef = e.reshape(-1).to(torch.float64)
+        af, ef = _draws(a), _draws(e)
         if bool(torch.isnan(af).any()) != bool(torch.isnan(ef).any()):
             self.fail(path, "distribution", "NaN in one side's random output only")
             return
@@ -388,6 +387,21 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     if t.is_neg():
         t = t.resolve_neg()
     return t
+
+
+def ks_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The two-sample Kolmogorov-Smirnov statistic of two random outputs (complex ones as pairs of reals, NaN left
+    out), as the distribution rule computes it."""
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    af, bf = _draws(a), _draws(b)
+    af, bf = af[~torch.isnan(af)], bf[~torch.isnan(bf)]
+    return _ks_statistic(af, bf) if af.numel() and bf.numel() else 0.0
+
+
+def _draws(t: torch.Tensor) -> torch.Tensor:
+    """A random output's elements as one float64 row (complex ones viewed as pairs of reals first)."""
+    return t.reshape(-1).to(torch.float64)
 
 
 def _ks_statistic(a: torch.Tensor, b: torch.Tensor) -> float:

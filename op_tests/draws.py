@@ -1,9 +1,31 @@
 """The watch on a side's random stream: whether a sample drew random numbers on the target's own generator
-(then it is judged by distribution, not value for value)."""
+(then it is judged by distribution, not value for value); and the CPU's stream moved elsewhere, for the
+reference's runs on other streams that such a sample is judged against."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
+
+
+@contextmanager
+def other_stream(k: int):
+    """The CPU's global random stream on another seed while the block runs, every reseed inside it moved too (OpInfo's
+    ``wrapper_set_seed`` seeds 42 before each random op): stream ``k`` of the reference. ``k`` 0 is its own."""
+    seed = torch.manual_seed
+    state = torch.get_rng_state()
+
+    def moved(value):
+        return seed((int(value) + k * 1_000_003) % 2**63)
+
+    torch.manual_seed = moved
+    try:
+        seed(k * 7919 + 1)
+        yield
+    finally:
+        torch.manual_seed = seed
+        torch.set_rng_state(state)
 
 
 class DrawWatch:

@@ -14,11 +14,12 @@ from conformance.case import Case
 from conformance.journal import CPU, CaseJournal
 from conformance.outcome import Status
 from conformance.target import EAGER_UNDER_COMPILE
-from diff.judge import Judge, classify_error
+from diff.judge import DRAW_RUNS, Judge, classify_error
 from diff.precision import PrecisionModel, model_for, perturbed_runs
 from diff.sides import to_device
 from diff.tolerances import TolerancePolicy
 
+from .draws import other_stream
 from .fences import fenced, poison_free_memory
 from .rules import OpRule, rule_for
 from .run import SampleRun, fresh_leaves, run_op, target_inputs
@@ -121,7 +122,16 @@ def judge_sample(i, op, rule, sample, parts, ref: SampleRun, tgt: SampleRun, *, 
         return [r for r in perturbed_runs(lambda: reference_value(op, rule, sample, parts, backward, seed),
                                           judge.precision, seed=seed) if r is not None]
 
-    verdict = judge(tgt.value, ref.value, golden=golden, reference_again=reference_again, noise=perturbed)
+    @cpu
+    def other_streams():
+        runs = []
+        for k in range(1, DRAW_RUNS + 1):
+            with other_stream(k):
+                runs.append(reference_value(op, rule, sample, parts, backward, seed))
+        return [r for r in runs if r is not None]
+
+    verdict = judge(tgt.value, ref.value, golden=golden, reference_again=reference_again, noise=perturbed,
+                    draws=other_streams)
     noise = verdict.noise.to_dict() if verdict.noise is not None else None
     if verdict.status is Status.INCONCLUSIVE and verdict.nondeterministic:
         nondeterministic.append(i)
