@@ -73,9 +73,19 @@ def test_crash_kills_the_process(spec, expected):
 
 
 def test_hang_never_returns():
-    with pytest.raises(subprocess.TimeoutExpired):
-        subprocess.run([sys.executable, "-c", "import torch; torch.arange(3.).to('neuron').cumsum(0)"],
-                       env={**__import__("os").environ, "NEURON_VALIDATE_FAULTS": "hang@aten::cumsum"}, timeout=15)
+    # The child says when it calls the op (its start-up is not timed); a 3-element cumsum that returned at all
+    # would print again within microseconds, so 5 s of silence from there is a hang on any machine.
+    code = ("import torch; x = torch.arange(3.).to('neuron'); print('calling', flush=True); x.cumsum(0); "
+            "print('returned', flush=True)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env={**__import__("os").environ, "NEURON_VALIDATE_FAULTS": "hang@aten::cumsum"})
+    try:
+        assert child.stdout.readline() == "calling\n"
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=5)
+    finally:
+        child.kill()
+        child.wait()
 
 
 @pytest.mark.parametrize("spec, message", [
