@@ -39,6 +39,7 @@ from diff.replay import replay_ops
 from diff.sides import run_model
 from diff.tolerances import TolerancePolicy
 from runner.executors import Executor
+from runner.worker import allocation_failure
 
 
 NOISE_RUNS = 2  # perturbed reference runs of a zoo case whose target has a precision model (cost: bench/model_zoo.py)
@@ -315,33 +316,59 @@ def larger_inputs(config) -> list:
     return [wider] + ([wider.replace(size=sizes[0])] if sizes else [])
 
 
+def _elements(config) -> int:
+    """The elements of a configuration's input, as its batch and size scale them (an image's side squared)."""
+    return config.batch * config.size ** 2
+
+
 # Verdicts a larger input can give the case: the judge decided the values (or the target ran on the host).
 DECIDED = (Status.PASS, Status.MISMATCH, Status.CPU_FALLBACK)
+# A larger input is tried only while the case's own run has used at most this share of its timeout, and the next
+# one only where the last one's cost, scaled by the elements of its input, fits within this share of it: a larger
+# input never turns an inconclusive case into a timeout.
+LARGER_INPUT_START = 0.4
+LARGER_INPUT_BUDGET = 0.8
 
 
 def judged_on_larger_input(case: Case, config, outcome: Outcome, ctx) -> Outcome:
     """The verdict on the first of :func:`larger_inputs` that the judge can decide, in place of ``outcome`` (an
     ill-conditioned ``inconclusive``), saying so; ``outcome`` itself, with what each larger input gave, where none
     can be decided. Each larger input is judged without the op replay: the case's own input had it (every op agreed)."""
-    from . import ModelBuildError, build
+    from . import build
 
     floor = outcome.evidence.get("noise_floor", {})
     own = (f"batch {config.batch}, size {config.size} is ill-conditioned under the device's precision (condition "
            f"estimate {floor.get('condition', float('nan')):.3g} at {floor.get('worst', '?')})")
     tried: list[dict] = []
     timings = dict(outcome.timings)
+    timeout = getattr(ctx.settings, "timeout_s", None) or float("inf")
+    spent = sum(timings.values())
+    last: tuple[Any, float] | None = None  # the last larger input judged, and what it cost
     for larger in larger_inputs(config):
+        estimate = 0.0 if last is None else last[1] * _elements(larger) / _elements(last[0])
+        if (spent > LARGER_INPUT_START * timeout if last is None else
+                spent + estimate > LARGER_INPUT_BUDGET * timeout):
+            tried.append({"config": str(larger), "status": "skip",
+                          "message": f"not tried: {spent:.0f} s spent of the case's {timeout:.0f} s timeout"
+                                     + (f", about {estimate:.0f} s more needed" if last else "")})
+            break
         t0 = time.perf_counter()
+        step: dict[str, float] = {}
         try:
             built = build(larger)
-        except ModelBuildError as exc:
-            tried.append({"config": str(larger), "status": "skip", "message": str(exc)[:200]})
-            continue
-        step: dict[str, float] = {"generation": time.perf_counter() - t0}
-        got, verdict = judge_built(model_case(larger), larger, built, ctx, timings=step, replay=False)
-        del built
+            step["generation"] = time.perf_counter() - t0
+            got, verdict = judge_built(model_case(larger), larger, built, ctx, timings=step, replay=False)
+            del built
+        except Exception as exc:  # noqa: BLE001 - a build refused, memory over the cap: never worse than inconclusive
+            got, verdict = Outcome(case_id=case.id, status=Status.SKIP, message=one_line(exc)), None
         for key, value in step.items():
             timings[f"larger_input.{key}"] = timings.get(f"larger_input.{key}", 0.0) + value
+        cost = time.perf_counter() - t0
+        spent, last = spent + cost, (larger, cost)
+        if got.status is not Status.PASS and allocation_failure(f"{got.message} {got.evidence.get('error', '')}"):
+            # the larger input's own need, not the case's: the case is judged on its input, under the cap
+            tried.append({"config": str(larger), "status": "skip", "message": "over the worker's memory cap"})
+            break
         tried.append({"config": str(larger), "status": got.status.value, "message": got.message[:300],
                       **({"noise_floor": got.evidence["noise_floor"]} if "noise_floor" in got.evidence else {})})
         if got.status in DECIDED and verdict is not None and not verdict.ill_conditioned:
