@@ -39,7 +39,7 @@ from diff.replay import replay_ops
 from diff.sides import run_model
 from diff.tolerances import TolerancePolicy
 from runner.executors import Executor
-from runner.worker import allocation_failure
+from runner.worker import allocation_failure, return_freed_memory
 
 
 NOISE_RUNS = 2  # perturbed reference runs of a zoo case whose target has a precision model (cost: bench/model_zoo.py)
@@ -352,6 +352,7 @@ def judged_on_larger_input(case: Case, config, outcome: Outcome, ctx) -> Outcome
                           "message": f"not tried: {spent:.0f} s spent of the case's {timeout:.0f} s timeout"
                                      + (f", about {estimate:.0f} s more needed" if last else "")})
             break
+        return_freed_memory(0)  # what the case's own runs freed, back to the OS: the larger input needs the room
         t0 = time.perf_counter()
         step: dict[str, float] = {}
         try:
