@@ -68,10 +68,34 @@ class _Timer:
         self.totals[key] = self.totals.get(key, 0.0) + time.perf_counter() - start
 
 
+@dataclass(slots=True)
+class _Prepared:
+    """A sample ready for the target: the inputs generated on the CPU, the target's copies of them (made once the
+    CPU's own step is over) and the reference's run."""
+
+    index: int
+    sample: Any
+    seed: int
+    generated: Any
+    ref: SampleRun
+    target_parts: Any = None
+
+
+@dataclass(slots=True)
+class _Judged:
+    """What the case's samples added up to, for aggregate()."""
+
+    verdicts: list[SampleVerdict] = field(default_factory=list)
+    worst: dict[str, float] = field(default_factory=dict)
+    nondeterministic: list[int] = field(default_factory=list)
+    compiled_graphs: list[int] = field(default_factory=list)  # compile targets: graphs per sample
+
+
 def execute_op_case(case: Case, ctx) -> Outcome:
+    """Samples (generated, or from the reference cache), the reference side, the target side (compiled together
+    under a compile target), each sample judged, then the case's outcome."""
     op = case_op(case)
-    key = op_key(op)
-    rule = rule_for(key)
+    rule = rule_for(op_key(op))
     target = ctx.target  # the reference is the CPU: op samples are made there and run there
     backward = case.mode == "backward"
     timer = _Timer()
@@ -83,111 +107,34 @@ def execute_op_case(case: Case, ctx) -> Outcome:
     samples, entry, cache_ok = found
     timer.add("generation", t0)
     cache_ok, cached, fingerprint = _cached_reference(ctx, entry, samples, cache_ok)
-    fresh_reference: list = []
-    tolerance = tolerances().for_dtype(key, scope="op")
+    tolerance = tolerances().for_dtype(op_key(op), scope="op")
     precision = model_for(target)
-    verdicts: list[SampleVerdict] = []
-    worst: dict[str, float] = {}
-    nondeterministic: list[int] = []
-    compiled_graphs: list[int] = []  # compile targets: graphs per sample
-
-    # Host<->device copies need a device to copy from; the execution trace cannot record sparse tensors.
-    watch = target.device.type != "cpu" and not _has_sparse(samples)
-    host = HostCopies()
-    batch = BatchReport()
-    compiler_before = _compiler_stats(target)
     # The case's journal (conformance/journal.py): a worker that dies in a step of the CPU's own is the CPU's crash
     # (a skip); under a compile target, one that dies compiling a batch costs that batch's samples, not the case.
     journal = CaseJournal(os.environ.get(CRASH_DIR_ENV), case.id)
     journal.end()  # a step left in flight by an earlier run of the case is not this run's
+    sides = _Sides(op=op, rule=rule, samples=samples, backward=backward, target=target, timer=timer, journal=journal,
+                   # Host<->device copies need a device to copy from; the execution trace cannot record sparse tensors.
+                   watch=target.device.type != "cpu" and not _has_sparse(samples))
+    compiler_before = _compiler_stats(target)
+    judged = _Judged()
     with target.track_ops() as tracker:
-        prepared = []  # [index, sample, seed, generated inputs, the target's inputs, reference result]
-        if not cache_ok:
-            journal.begin(list(range(len(samples))), CPU)
-        for i, sample in enumerate(samples):
-            seed = sample_seed(case, i)
+        prepared, fresh_reference = sides.run_reference(case, cached if cache_ok else None)
+        sides.copy_inputs(prepared)
+        compiled, batch, drew_in_batch = sides.run_compiled(prepared)
+        for p in prepared:
+            tgt, drew = sides.run_target(p, compiled, drew_in_batch)
             t0 = time.perf_counter()
-            generated = sample_parts(sample)
-            parts = fresh_leaves(generated)  # the reference's inputs
-            timer.add("generation", t0)
-
-            t0 = time.perf_counter()
-            if cache_ok:
-                entry = cached[i]
-                ref = SampleRun(value=entry.get("value"), error=entry.get("error"), error_type=entry.get("error_type"),
-                                 skipped=entry.get("skipped"))
-            else:
-                ref = run_op(op, rule, sample, parts, backward=backward, device="cpu", seed=seed)
-                fresh_reference.append({"value": ref.value, "error": ref.error, "error_type": ref.error_type,
-                                        "skipped": ref.skipped})
-            timer.add("reference", t0)
-            prepared.append([i, sample, seed, generated, None, ref])
-        journal.end()
-        t0 = time.perf_counter()
-        for entry in prepared:  # the target's copies of the inputs, once the CPU's own step is over
-            entry[4] = target_inputs(entry[3], target.device, rule.cpu_arguments)
-        timer.add("generation", t0)
-
-        compiled: dict[int, SampleRun] = {}
-        drew_in_batch = False
-        if target.compiles:  # the samples the reference runs, compiled together (op_tests/run.py)
-            t0 = time.perf_counter()
-            runnable = {i: tp for i, _, _, _, tp, ref in prepared if ref.error is None and not ref.skipped}
-            with watch_host_copies(watch, allowed=len(rule.cpu_arguments)) as seen, \
-                    DrawWatch(target.own_random_stream) as drew:
-                compiled, batch = run_compiled_batch(op, rule, samples, runnable, backward=backward, target=target,
-                                                     seeds={i: seed for i, _, seed, *_ in prepared},
-                                                     journal=journal if target.compiles else None)
-            host.add(seen)
-            drew_in_batch = bool(drew)
-            timer.add("target", t0)
-
-        for i, sample, seed, generated, target_parts, ref in prepared:
-            t0 = time.perf_counter()
-            drew = drew_in_batch
-            if target.compiles:
-                tgt = compiled.get(i) or SampleRun()  # not run: the reference fails or skips this sample
-            else:
-                with watch_host_copies(watch, allowed=len(rule.cpu_arguments)) as seen, \
-                        DrawWatch(target.own_random_stream) as watched:
-                    tgt = run_op(op, rule, sample, target_parts, backward=backward, device=target.device, seed=seed)
-                    target.synchronize()
-                host.add(seen)
-                drew = bool(watched)
-            timer.add("target", t0)
-
-            t0 = time.perf_counter()
-            # A sample that drew random numbers on the target's own stream (dropout inside attention, random
-            # pooling regions) cannot match the CPU's draws value for value: judged by distribution.
-            sample_rule = dataclasses.replace(rule, compare="distribution") if drew and rule.compare == "values" \
-                else rule
-            judge = sample_judge(tolerance, sample_rule, target_parts, target.device, precision)
-            verdict = judge_sample(i, op, rule, sample, generated, ref, tgt, backward=backward, seed=seed,
-                                   judge=judge, nondeterministic=nondeterministic, journal=journal)
-            if i in compiled and i not in batch.alone and verdict.status not in (Status.PASS, Status.SKIP):
-                journal.begin([i])
-                verdict = _alone(op, rule, sample, generated, ref, verdict, i=i, seed=seed, backward=backward,
-                                 target=target, judge=judge, nondeterministic=nondeterministic,
-                                 direct=compiled[i].direct)
-                journal.end()
-            if sample.name and verdict.status not in (Status.PASS, Status.SKIP):
-                verdict.message = f"{verdict.message} [{sample.name}]"
-            if verdict.comparison:
-                for k, v in verdict.comparison.get("worst", {}).items():
-                    worst[k] = max(worst.get(k, 0.0), v)
-            verdicts.append(verdict)
-            if tgt.graphs is not None:
-                compiled_graphs.append(tgt.graphs)
+            sides.judge(p, tgt, drew, compiled, batch, judged, tolerance=tolerance, precision=precision)
             timer.add("comparison", t0)
 
     if ctx.cache is not None and not cache_ok and fresh_reference:
         _store_reference(ctx, case, samples, fingerprint, fresh_reference)
-    trace = tracker.trace
-    outcome = aggregate(case, verdicts, worst, trace, timer.totals, rule, nondeterministic, cached=cache_ok,
-                         host=host, precision=precision)
-    name_the_cause(case, outcome, samples, verdicts)
-    if compiled_graphs:
-        outcome.evidence["compiled_graphs"] = compiled_graphs
+    outcome = aggregate(case, judged.verdicts, judged.worst, tracker.trace, timer.totals, rule, judged.nondeterministic,
+                        cached=cache_ok, host=sides.host, precision=precision)
+    name_the_cause(case, outcome, samples, judged.verdicts)
+    if judged.compiled_graphs:
+        outcome.evidence["compiled_graphs"] = judged.compiled_graphs
     journal.close()
     if target.compiles:
         outcome.evidence["compile"] = batch.to_dict()
@@ -195,6 +142,112 @@ def execute_op_case(case: Case, ctx) -> Outcome:
         if after is not None and compiler_before is not None:  # the emulated compiler: what it compiled, reused
             outcome.evidence["compile"]["compiler"] = {k: after[k] - compiler_before[k] for k in after}
     return outcome
+
+
+@dataclass(slots=True, kw_only=True)
+class _Sides:
+    """The case's steps on each side, in the order execute_op_case takes them, timed."""
+
+    op: Any
+    rule: Any
+    samples: list
+    backward: bool
+    target: Any
+    timer: _Timer
+    watch: bool  # watch the target's runs for host<->device copies
+    journal: CaseJournal
+    host: HostCopies = field(default_factory=HostCopies)
+
+    def run_reference(self, case: Case, cached: list | None) -> tuple[list[_Prepared], list]:
+        """Every sample's inputs and its reference run (from the cache's entries when ``cached``); the CPU's own
+        step in the journal. Returns the prepared samples and the fresh reference results to cache."""
+        prepared, fresh_reference = [], []
+        if cached is None:
+            self.journal.begin(list(range(len(self.samples))), CPU)
+        for i, sample in enumerate(self.samples):
+            seed = sample_seed(case, i)
+            t0 = time.perf_counter()
+            generated = sample_parts(sample)
+            parts = fresh_leaves(generated)  # the reference's inputs
+            self.timer.add("generation", t0)
+
+            t0 = time.perf_counter()
+            if cached is not None:
+                entry = cached[i]
+                ref = SampleRun(value=entry.get("value"), error=entry.get("error"), error_type=entry.get("error_type"),
+                                skipped=entry.get("skipped"))
+            else:
+                ref = run_op(self.op, self.rule, sample, parts, backward=self.backward, device="cpu", seed=seed)
+                fresh_reference.append({"value": ref.value, "error": ref.error, "error_type": ref.error_type,
+                                        "skipped": ref.skipped})
+            self.timer.add("reference", t0)
+            prepared.append(_Prepared(index=i, sample=sample, seed=seed, generated=generated, ref=ref))
+        self.journal.end()
+        return prepared, fresh_reference
+
+    def copy_inputs(self, prepared: list[_Prepared]) -> None:
+        """The target's copies of the inputs, once the CPU's own step is over."""
+        t0 = time.perf_counter()
+        for p in prepared:
+            p.target_parts = target_inputs(p.generated, self.target.device, self.rule.cpu_arguments)
+        self.timer.add("generation", t0)
+
+    def run_compiled(self, prepared: list[_Prepared]) -> tuple[dict[int, SampleRun], BatchReport, bool]:
+        """Under a compile target, the samples the reference runs, compiled together (op_tests/run.py): their runs,
+        the batches' report, and whether the batches drew on the target's own random stream."""
+        if not self.target.compiles:
+            return {}, BatchReport(), False
+        t0 = time.perf_counter()
+        runnable = {p.index: p.target_parts for p in prepared if p.ref.error is None and not p.ref.skipped}
+        with watch_host_copies(self.watch, allowed=len(self.rule.cpu_arguments)) as seen, \
+                DrawWatch(self.target.own_random_stream) as drew:
+            compiled, batch = run_compiled_batch(self.op, self.rule, self.samples, runnable, backward=self.backward,
+                                                 target=self.target, seeds={p.index: p.seed for p in prepared},
+                                                 journal=self.journal)
+        self.host.add(seen)
+        self.timer.add("target", t0)
+        return compiled, batch, bool(drew)
+
+    def run_target(self, p: _Prepared, compiled: dict[int, SampleRun], drew_in_batch: bool) -> tuple[SampleRun, bool]:
+        """The sample's run on the target (eager here; a compile target's from its batch), and whether it drew on
+        the target's own random stream."""
+        if self.target.compiles:
+            return compiled.get(p.index) or SampleRun(), drew_in_batch  # not run: the reference fails or skips it
+        t0 = time.perf_counter()
+        with watch_host_copies(self.watch, allowed=len(self.rule.cpu_arguments)) as seen, \
+                DrawWatch(self.target.own_random_stream) as watched:
+            tgt = run_op(self.op, self.rule, p.sample, p.target_parts, backward=self.backward,
+                         device=self.target.device, seed=p.seed)
+            self.target.synchronize()
+        self.host.add(seen)
+        self.timer.add("target", t0)
+        return tgt, bool(watched)
+
+    def judge(self, p: _Prepared, tgt: SampleRun, drew: bool, compiled: dict[int, SampleRun], batch: BatchReport,
+              judged: _Judged, *, tolerance, precision) -> None:
+        """The sample's verdict (a sample failing in a compiled batch confirmed alone), added to ``judged``."""
+        rule = self.rule
+        # A sample that drew random numbers on the target's own stream (dropout inside attention, random
+        # pooling regions) cannot match the CPU's draws value for value: judged by distribution.
+        sample_rule = dataclasses.replace(rule, compare="distribution") if drew and rule.compare == "values" else rule
+        judge = sample_judge(tolerance, sample_rule, p.target_parts, self.target.device, precision)
+        verdict = judge_sample(p.index, self.op, rule, p.sample, p.generated, p.ref, tgt, backward=self.backward,
+                               seed=p.seed, judge=judge, nondeterministic=judged.nondeterministic,
+                               journal=self.journal)
+        if p.index in compiled and p.index not in batch.alone and verdict.status not in (Status.PASS, Status.SKIP):
+            self.journal.begin([p.index])
+            verdict = _alone(self.op, rule, p.sample, p.generated, p.ref, verdict, i=p.index, seed=p.seed,
+                             backward=self.backward, target=self.target, judge=judge,
+                             nondeterministic=judged.nondeterministic, direct=compiled[p.index].direct)
+            self.journal.end()
+        if p.sample.name and verdict.status not in (Status.PASS, Status.SKIP):
+            verdict.message = f"{verdict.message} [{p.sample.name}]"
+        if verdict.comparison:
+            for k, v in verdict.comparison.get("worst", {}).items():
+                judged.worst[k] = max(judged.worst.get(k, 0.0), v)
+        judged.verdicts.append(verdict)
+        if tgt.graphs is not None:
+            judged.compiled_graphs.append(tgt.graphs)
 
 
 # ---------------------------------------------------------------- samples and the reference cache
