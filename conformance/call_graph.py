@@ -11,8 +11,9 @@ all it does for a dynamo graph: AOTAutograd, its decompositions, its own compile
 The calls' output structure (a tuple of values and indices, a list of tensors) comes from running them once
 on fake tensors, so that the graph returns a flat tuple of tensors (a backend takes nothing else), each
 picked out by ``getitem``/``getattr`` nodes as dynamo would, and :meth:`CallGraph.unflatten` puts them back.
-A call this cannot build (a constant FX cannot write into code, an output that fake tensors cannot say in
-advance, such as a data-dependent shape) raises; the caller then goes through dynamo.
+A call this cannot build (an output that fake tensors cannot say in advance, such as a data-dependent shape)
+raises :class:`UnbuildableCalls` naming it, so that the caller can put the others in a graph and hand that one
+to dynamo; anything else that fails to build (a constant FX cannot write into code) raises as it is.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any, Callable
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import GetAttrKey, MappingKey, SequenceKey, tree_flatten_with_path, tree_map, tree_unflatten
+from torch.utils._pytree import (GetAttrKey, MappingKey, SequenceKey, tree_flatten_with_path, tree_leaves, tree_map,
+                                 tree_unflatten)
 
 Call = tuple[Callable, tuple, dict]  # fn, args, kwargs: the tensors among them are the graph's inputs
 
@@ -77,8 +79,6 @@ def call_graph(calls: list[Call]) -> CallGraph:
             if isinstance(leaf, torch.Tensor):
                 leaves.append(_Output(len(results)))
                 results.append(_picked(graph, node, path))
-            elif isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-                raise TypeError("a call returns a symbolic number: dynamo builds this graph")
             else:
                 leaves.append(leaf)
         outputs.append((spec, leaves))
@@ -101,15 +101,37 @@ def _picked(graph: torch.fx.Graph, node: torch.fx.Node, path) -> torch.fx.Node:
     return node
 
 
+class UnbuildableCalls(Exception):
+    """Calls whose output cannot be said before they run (a shape or a number that depends on the data), by
+    their positions: the others can still go in a graph of their own."""
+
+    def __init__(self, indices: list[int], first: BaseException) -> None:
+        super().__init__(f"{len(indices)} calls cannot be put in a graph built directly (call {indices[0]}: "
+                         f"{type(first).__name__}: {first})")
+        self.indices = indices
+
+
 def _fake_outputs(calls: list[Call], inputs: list[torch.Tensor], mode) -> list:
     """Each call run once on fake tensors: the structure of what it returns. The inputs' fakes stay as made (the
     backend's trace reuses them); the calls run on copies with their sizes and strides, which in-place ops
-    may change."""
+    may change. Raises :class:`UnbuildableCalls` naming every call that cannot be run so."""
     fakes = {id(t): mode.from_tensor(t) for t in inputs}
+    outputs, unbuildable, first = [], [], None
     with mode:
         copies = {key: _copy(fake) for key, fake in fakes.items()}
         swap = lambda v: copies[id(v)] if isinstance(v, torch.Tensor) else v  # noqa: E731
-        return [fn(*tree_map(swap, tuple(args)), **tree_map(swap, dict(kwargs))) for fn, args, kwargs in calls]
+        for k, (fn, args, kwargs) in enumerate(calls):
+            try:
+                out = fn(*tree_map(swap, tuple(args)), **tree_map(swap, dict(kwargs)))
+                if any(isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)) for leaf in tree_leaves(out)):
+                    raise TypeError("the call returns a symbolic number")
+                outputs.append(out)
+            except Exception as exc:  # noqa: BLE001 - dynamo builds what fake tensors cannot run
+                unbuildable.append(k)
+                first = first or exc
+    if unbuildable:
+        raise UnbuildableCalls(unbuildable, first)
+    return outputs
 
 
 def _copy(fake: torch.Tensor) -> torch.Tensor:

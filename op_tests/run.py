@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from conformance.call_graph import UnbuildableCalls
 from conformance.journal import CaseJournal
 from conformance.target import Compiled
 from diff.sides import to_device
@@ -218,6 +219,12 @@ def run_compiled_batch(op, rule: OpRule, samples, parts: dict[int, Any], *, back
             report.graphs += next(iter(outcome.values())).graphs or 0
             if next(iter(outcome.values())).direct:
                 report.direct += 1
+        elif isinstance(outcome, UnbuildableCalls):  # samples whose outputs depend on their data: dynamo builds
+            # each alone, the others go on in a graph of their own (no bisection: the build named them)
+            report.fallback = report.fallback or str(outcome).splitlines()[0][:300]
+            unbuildable = [group[k] for k in outcome.indices]
+            rest = [i for i in group if i not in unbuildable]
+            pending[:0] = [[i] for i in unbuildable] + ([rest] if rest else [])
         elif _graph_break(outcome):  # dynamo cannot put the op in one graph: a graph per sample says how many
             report.fallback = report.fallback or f"{type(outcome).__name__}: {str(outcome).splitlines()[0]}"[:300]
             pending[:0] = [[i] for i in group]
@@ -259,6 +266,8 @@ def _direct_batch(fns, inputs, target):
     dynamo builds: no sample is failed on a graph dynamo did not build."""
     try:
         compiled = target.compile_calls([(fn, (inp, *args), kwargs) for fn, (inp, args, kwargs) in zip(fns, inputs)])
+    except UnbuildableCalls as exc:  # the caller splits those calls off, to dynamo, and builds the rest
+        return None, exc
     except Exception:  # noqa: BLE001 - dynamo builds this batch instead
         return None, None
     try:  # once run, in-place samples have changed their inputs: what fails now is bisected, never rerun here
@@ -282,7 +291,7 @@ def _compile_group(op, rule: OpRule, samples, parts: dict[int, Any], group: list
     inputs = [parts[i] if backward else _detached(parts[i]) for i in group]
     compiled, raw = _direct_batch(fns, inputs, target)
     direct = compiled is not None
-    if isinstance(raw, Exception):
+    if isinstance(raw, Exception):  # it raised when run, or named calls it cannot build (UnbuildableCalls)
         return raw if dynamo else None
     if compiled is None and not dynamo:
         return None

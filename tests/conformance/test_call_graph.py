@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import emulator  # noqa: F401 - the emulated neuron device
-from conformance.call_graph import call_graph
+from conformance.call_graph import UnbuildableCalls, call_graph
 from conformance.target import resolve_target
 
 DEVICE = "neuron"
@@ -83,3 +83,12 @@ def test_an_output_that_depends_on_the_data_cannot_be_built_directly():
     x = torch.tensor([0.0, 1.0, 0.0, 2.0], device=DEVICE)
     with pytest.raises(Exception):
         call_graph([(torch.nonzero, (x,), {})])
+
+
+def test_the_calls_that_cannot_be_built_are_named():
+    """The calls whose outputs depend on their data are named, so that the others still go in one graph."""
+    x = torch.tensor([0.0, 1.0, 0.0, 2.0], device=DEVICE)
+    with pytest.raises(UnbuildableCalls) as raised:
+        call_graph([(torch.tanh, (x,), {}), (torch.nonzero, (x,), {}), (torch.exp, (x,), {}),
+                    (torch.masked_select, (x, x > 0), {})])
+    assert raised.value.indices == [1, 3]
