@@ -6,8 +6,10 @@ processes and real SQLite files; nothing is mocked.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +38,50 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], T]) -> T:
             folder.mkdir(exist_ok=True)
             result.write_bytes(pickle.dumps(build(folder)))
     return pickle.loads(result.read_bytes())
+
+
+# Session fixtures that hand out a cache (a run per distinct command line), not one run: their modules stay spread.
+_NOT_A_SHARED_RUN = {"validate", "worker_id"}
+_FIXTURE = re.compile(r'@pytest\.fixture\(scope="(module|session)"\)\s*\ndef (\w+)')
+
+
+@functools.cache
+def _shares_one_run(module: str) -> bool:
+    """Whether a test module's tests read one expensive run: it defines a module- or session-scoped fixture (a
+    ``built_once`` suite run, a Ray cluster, a dashboard), or asks for a session fixture of a conftest above it."""
+    path = Path(REPO, module)
+    text = path.read_text()
+    if _FIXTURE.search(text):
+        return True
+    for folder in path.parents:
+        conftest = folder / "conftest.py"
+        if conftest.is_file() and conftest != Path(__file__):
+            names = {m.group(2) for m in _FIXTURE.finditer(conftest.read_text())} - _NOT_A_SHARED_RUN
+            if any(re.search(rf"\b{name}\b", text) for name in names):
+                return True
+        if folder == Path(REPO):
+            return False
+    return False
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``-n N`` (xdist's ``load``): every test goes where there is room, except that a module whose tests read
+    one expensive run goes whole to one worker. Spread over two, one worker sat on the other's ``built_once``
+    lock (46 s for the reference-cache run) or built a module fixture again (a Ray cluster). xdist's own
+    ``loadgroup`` cannot do this under pytest 9 (it renames node ids, which pytest 9 no longer lets it)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedRunScheduling(LoadScopeScheduling):
+        """Units of work: a shared-run module whole, any other test alone; the modules first (the largest
+        first), then the other tests in collection order."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if _shares_one_run(module) else nodeid
+
+    return SharedRunScheduling(config, log)
 
 
 @pytest.fixture
