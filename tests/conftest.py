@@ -75,13 +75,24 @@ def pytest_xdist_make_scheduler(config, log):
 
     class SharedRunScheduling(LoadScopeScheduling):
         """Units of work: a shared-run module whole, any other test alone; the modules first (the largest
-        first), then the other tests in collection order."""
+        first), then the other tests in collection order (pytest_collection_modifyitems below)."""
 
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             return module if _shares_one_run(module) else nodeid
 
     return SharedRunScheduling(config, log)
+
+
+def pytest_collection_modifyitems(items):
+    # The longest tests first (whole suites, real ranks, user scripts run twice over), quick unit tests last: two
+    # workers then end together instead of one finishing a minute-long test while the other idles.
+    items.sort(key=lambda item: _LONGEST_FIRST.get(item.nodeid.split("/")[1] if "/" in item.nodeid else "",
+                                                   len(_LONGEST_FIRST)))
+
+
+_LONGEST_FIRST = {name: rank for rank, name in enumerate(
+    ("distributed", "validate", "runner", "op_tests", "ci", "model_zoo", "report"))}
 
 
 @pytest.fixture
