@@ -64,6 +64,7 @@ def _shares_one_run(module: str) -> bool:
     return False
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: without xdist (-p no:xdist) it is never called
 def pytest_xdist_make_scheduler(config, log):
     """``-n N`` (xdist's ``load``): every test goes where there is room, except that a module whose tests read
     one expensive run goes whole to one worker. Spread over two, one worker sat on the other's ``built_once``
