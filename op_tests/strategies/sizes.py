@@ -83,6 +83,9 @@ def resized(parts, dim: int, new: int, coupling: str, seed: int, leaf: int | Non
             return [j] if 0 <= j < t.dim() and t.shape[j] == old else []
         if coupling.startswith("same length"):
             return [j for j in range(t.dim()) if t.shape[j] == old]
+        if coupling.startswith("dim "):  # "dim J of operand K": that one dimension of that one leaf
+            j, k = (int(w) for w in coupling.split()[1::3])
+            return [j] if tensor_leaves(parts)[k] is t else []
         return []
 
     if limit is not None:
@@ -122,6 +125,14 @@ def coupling_of(op, parts, dim: int, seed: int, leaf: int | None = None) -> str 
     for coupling in COUPLINGS:
         if runs_on_cpu(op, resized(parts, dim, x.shape[dim] + 1, coupling, seed, leaf)):
             return coupling
+    # One dimension of one other operand, where the others of that length must keep theirs (bmm's K: the
+    # batch of 10 and K of 10 in [10, 5, 10] @ [10, 10, 5]).
+    for k, t in enumerate(tensor_leaves(parts)):
+        for j in range(t.dim()):
+            coupling = f"dim {j} of operand {k}"
+            if t is not x and t.shape[j] == x.shape[dim] and runs_on_cpu(
+                    op, resized(parts, dim, x.shape[dim] + 1, coupling, seed, leaf)):
+                return coupling
     return None
 
 

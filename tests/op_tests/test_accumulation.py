@@ -45,6 +45,16 @@ def test_accumulation_samples_are_long_rows_in_the_cases_dtype():
     assert all(s.input.shape[1] == s.args[0].shape[0] for s in samples), "K is stretched on both operands"
 
 
+def test_bmm_stretches_k_alone_where_the_batch_has_k_s_length():
+    """bmm's template is [10, 5, 10] @ [10, 10, 5]: the batch and K are both 10, so coupling every dimension of
+    that length breaks the batch; K is stretched on its own dimension of the other operand."""
+    case = next(c for c in strategy_cases(OpSelection(patterns=("bmm",), strategies=("accumulation",)))
+                if c.dtype == "float16")
+    samples = strategy_samples(get_op("bmm"), case)
+    assert {s.input.shape[2] for s in samples} >= {128, 129, 2048, 2049}  # 65,536 is past the element budget
+    assert all(s.input.shape[2] == s.args[0].shape[1] and s.input.shape[0] == s.args[0].shape[0] for s in samples)
+
+
 def _run(results, cases, build: str, env: dict, backend_modules=()):
     ran = run_cases(results, cases, build, env, backend_modules)
     return {(c.name, c.dtype, c.config.get("inputs", c.config["source"])): o for c, o in ran}
