@@ -92,3 +92,25 @@ def test_the_calls_that_cannot_be_built_are_named():
         call_graph([(torch.tanh, (x,), {}), (torch.nonzero, (x,), {}), (torch.exp, (x,), {}),
                     (torch.masked_select, (x, x > 0), {})])
     assert raised.value.indices == [1, 3]
+
+
+def test_a_batch_splits_off_the_samples_it_cannot_build_to_dynamo_without_bisecting(target):
+    """narrow with a tensor ``start`` has a data-dependent output: those samples go to dynamo one by one, the
+    ones with an int ``start`` stay in a graph built directly, and nothing is bisected."""
+    from op_tests.rules import rule_for
+    from op_tests.run import fresh_leaves, run_compiled_batch, target_inputs
+    from op_tests.samples import sample_parts
+    from op_tests.sources import get_op, op_key
+
+    op = get_op("narrow")
+    every = list(op.sample_inputs("cpu", torch.float32, requires_grad=False))
+    by_start = [[s for s in every if isinstance(s.args[1], torch.Tensor) == tensor] for tensor in (False, True)]
+    samples = by_start[0][:4] + by_start[1][:2] + by_start[0][4:6]  # dynamo's samples cost ~1 s each
+    tensor_start = [i for i, s in enumerate(samples) if isinstance(s.args[1], torch.Tensor)]
+    assert tensor_start and len(tensor_start) < len(samples)
+    parts = {i: target_inputs(fresh_leaves(sample_parts(s)), DEVICE) for i, s in enumerate(samples)}
+    results, report = run_compiled_batch(op, rule_for(op_key(op)), samples, parts, backward=False, target=target,
+                                         seeds={i: 0 for i in parts})
+    assert report.bisected == 0 and report.direct >= 1
+    assert sorted(report.alone) == tensor_start, "the unbuildable samples, and only they, went to dynamo alone"
+    assert all(results[i].value is not None and results[i].direct for i in parts if i not in tensor_start)
