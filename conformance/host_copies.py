@@ -5,7 +5,9 @@ device and its outputs back. Whether the backend's own tracking owns up to
 it or not, those copies run through the dispatcher inside the op's call. A
 PyTorch execution trace (``torch.profiler.ExecutionTraceObserver``) records
 every dispatched op with its parent and, unlike the profiler's event list,
-the device of every tensor argument: a ``copy_`` / ``_copy_from`` between
+the device of every tensor argument; the watch's own recorder (C++, a
+RecordFunction callback) keeps only the copies that cross devices and the
+calls above them, the same nodes at a fraction of the cost. A ``copy_`` / ``_copy_from`` between
 the CPU and another device, below a compute op, is host execution. An
 explicit transfer (``tensor.cpu()``, the harness moving results) has only
 movement ops above the copy, and a scalar read (``item()``) is a host read
@@ -96,7 +98,10 @@ class HostExecution:
 
 
 def _devices(node: dict) -> set[str]:
-    """Device types of a trace node's tensor arguments (a tensor is [id, storage, offset, numel, size, device])."""
+    """Device types of a node's tensor arguments: the recorder's ``devices``, or an execution trace's argument
+    values (a tensor is [id, storage, offset, numel, size, device])."""
+    if "devices" in node:
+        return set(node["devices"])
     found = set()
     for value in node.get("inputs", {}).get("values", []):
         if isinstance(value, list) and len(value) == 6 and isinstance(value[5], str):
@@ -230,19 +235,41 @@ def _quiet_native_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-@contextmanager
-def watch_host_copies(enabled: bool = True, *, allowed: int = 0) -> Iterator[HostCopies]:
-    """Records an execution trace of the region and fills the yielded HostCopies when it ends.
+def _recorder():
+    """The C++ recorder (``conformance/csrc/copy_recorder.cpp``), or None where the package was installed
+    without building it: the watch then records PyTorch's execution trace, the same nodes, slower."""
+    try:
+        from conformance import _copy_recorder
+    except ImportError:
+        return None
+    return _copy_recorder
 
-    Off where a profiler is already running in this process: the region then runs unwatched rather than
-    failing. The trace goes to a temporary file, read and removed at the end.
-    """
-    copies = HostCopies()
+
+def recorder_nodes(records: list[tuple[int, str, int, list[str]]]) -> list[dict]:
+    """The recorder's (id, name, parent, devices) as the nodes :func:`host_executed_ops` reads."""
+    return [{"id": i, "name": name, "ctrl_deps": parent, "devices": devices} for i, name, parent, devices in records]
+
+
+@contextmanager
+def _recorded(recorder) -> Iterator[list[dict]]:
+    recorder.start()
+    nodes: list[dict] = []
+    try:
+        yield nodes
+    finally:
+        nodes.extend(recorder_nodes(recorder.stop()))
+
+
+@contextmanager
+def _execution_trace() -> Iterator[list[dict]]:
+    """Records PyTorch's execution trace to a temporary file, read and removed at the end. Off where a profiler
+    is already running in this process (the region then runs unwatched rather than failing)."""
     import torch
     from torch.profiler import ExecutionTraceObserver
 
-    if not enabled or os.environ.get(WATCH_ENV, "1") == "0" or torch.autograd._profiler_enabled():
-        yield copies
+    nodes: list[dict] = []
+    if torch.autograd._profiler_enabled():
+        yield nodes
         return
     fd, path = tempfile.mkstemp(prefix="neuron-validate-trace-", suffix=".json")
     os.close(fd)
@@ -251,12 +278,31 @@ def watch_host_copies(enabled: bool = True, *, allowed: int = 0) -> Iterator[Hos
         with _quiet_native_stderr():
             observer.start()
         try:
-            yield copies
+            yield nodes
         finally:
             with _quiet_native_stderr():
                 observer.stop()
                 observer.unregister_callback()
         with open(path) as f:
-            copies.by_op = host_executed_ops(trace_nodes(f.read()), allowed=allowed)
+            nodes.extend(trace_nodes(f.read()))
     finally:
         os.unlink(path)
+
+
+def recording(*, execution_trace: bool = False):
+    """A context that yields a list, filled with the region's copy nodes when it ends: from the C++ recorder,
+    or from PyTorch's execution trace when asked (or when the recorder was not built)."""
+    recorder = None if execution_trace else _recorder()
+    return _execution_trace() if recorder is None else _recorded(recorder)
+
+
+@contextmanager
+def watch_host_copies(enabled: bool = True, *, allowed: int = 0) -> Iterator[HostCopies]:
+    """Watches the region for host<->device copies inside ops and fills the yielded HostCopies when it ends."""
+    copies = HostCopies()
+    if not enabled or os.environ.get(WATCH_ENV, "1") == "0":
+        yield copies
+        return
+    with recording() as nodes:
+        yield copies
+    copies.by_op = host_executed_ops(nodes, allowed=allowed)
