@@ -293,6 +293,7 @@ def main() -> None:
               + ", ".join(f"{k} {v / max(1, len(part)):.2f} s" for k, v in sorted(totals.items())))
         print(f"   wall time x workers / the cases' own time: {wall * args.jobs / summary.case_seconds:.2f} "
               f"(goal <= 1.2); load average at the end {os.getloadavg()[0]:.1f} (other processes share the cores)")
+        print(f"   {summary.starts_line}")
         print("   outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
         for line in findings[:30]:
             print(f"     {line}")

@@ -119,6 +119,8 @@ def run_cases(args, cases, *, kind_label: str, timeout: float, group: str = "dty
         console.print(line, markup=False, soft_wrap=True)
     console.print(f"{summary.ran} cases ran in {summary.seconds:.1f} s{summary.overhead_note(args.jobs)}; "
                   f"target: {target.describe()}")
+    if set(summary.worker_starts) - {"pool"}:  # workers replaced during the run: part of what it cost
+        console.print(summary.starts_line, markup=False, soft_wrap=True)
     return EXIT_FINDINGS if summary.failures else EXIT_OK
 
 

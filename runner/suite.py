@@ -51,6 +51,8 @@ class SuiteSummary:
     # The harness's own retries (a lost node, a killed worker, a shared memory cap): not the backend's failures.
     retried: int = 0  # cases run again
     retry_reasons: dict[str, int] = field(default_factory=dict)
+    worker_starts: dict[str, int] = field(default_factory=dict)  # why each worker was started (Supervisor.starts)
+    warmup_seconds: float = 0.0  # from start to ready, summed over the workers started
 
     @property
     def failures(self) -> int:
@@ -78,6 +80,15 @@ class SuiteSummary:
             return ""
         return f", {self.seconds * jobs / self.case_seconds:.2f}x the cases' own time on {jobs} worker" \
                f"{'s' if jobs > 1 else ''}"
+
+    @property
+    def starts_line(self) -> str:
+        """``3 worker starts (2 pool, 1 died), 14.2 s from start to ready``: the restarts a run paid for."""
+        if not self.worker_starts:
+            return ""
+        why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.worker_starts.items(), key=lambda kv: -kv[1]))
+        return (f"{sum(self.worker_starts.values())} worker starts ({why}), "
+                f"{self.warmup_seconds:.1f} s from start to ready in all")
 
     def add(self, case: Case, status: Status) -> None:
         self.counts[status.value] = self.counts.get(status.value, 0) + 1
@@ -191,6 +202,7 @@ def run_suite(
             if outcome.evidence.get(RETRIES_KEY):
                 summary.add_retries(outcome.evidence[RETRIES_KEY])
             hooks.call("case_outcome", run=run, case=case, outcome=outcome)
+    summary.worker_starts, summary.warmup_seconds = dict(supervisor.starts), supervisor.warmup_seconds
     summary.seconds = time.perf_counter() - start
     hooks.call("suite_finish", run=run, summary=summary)
     return summary

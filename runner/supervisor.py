@@ -140,6 +140,10 @@ class Supervisor:
         self._warmup = settings.warmup  # the kinds workers warm up for; by default, those of the cases given
         self._retries: dict[int, tuple[Job, list[dict]]] = {}  # by id(job): the harness's retries so far
         self._start_losses = 0
+        # Worker starts by why they were needed, and the seconds from start to ready summed over them: what a
+        # run paid beyond its cases' own time (SuiteSummary.overhead_note says it).
+        self.starts: dict[str, int] = {}
+        self.warmup_seconds = 0.0
 
     # ---------------------------------------------------------------- workers
     def _settings_for(self, job: Job | None, rss_limit_mb: int | None = None) -> RunSettings:
@@ -149,7 +153,9 @@ class Supervisor:
         return replace(self.settings, env=env, warmup=warmup,
                        rss_limit_mb=self.settings.rss_limit_mb if rss_limit_mb is None else rss_limit_mb)
 
-    def _spawn(self, job: Job | None = None, rss_limit_mb: int | None = None) -> _Slot:
+    def _spawn(self, job: Job | None = None, rss_limit_mb: int | None = None, *, why: str = "") -> _Slot:
+        why = why or ("fresh" if self.fresh else "sides apart" if rss_limit_mb is not None else "pool")
+        self.starts[why] = self.starts.get(why, 0) + 1
         slot = _Slot(handle=self.transport.start(self._settings_for(job, rss_limit_mb)), spawned=time.monotonic())
         self._slots.append(slot)
         return slot
@@ -335,10 +341,10 @@ class Supervisor:
         if self.fresh or slot.dedicated or not keep:
             self._retire(slot)
 
-    def _replace(self, slot: _Slot) -> None:
+    def _replace(self, slot: _Slot, why: str) -> None:
         self._retire(slot)
         if not self.fresh:
-            self._spawn()
+            self._spawn(why=why)
 
     @staticmethod
     def _failed(job: Job, outcome: Outcome, followups: deque) -> None:
@@ -352,6 +358,7 @@ class Supervisor:
         verb = reply[0]
         if verb == "ready":
             slot.ready, slot.info = True, dict(reply[1] or {})
+            self.warmup_seconds += time.monotonic() - slot.spawned
             if (self.fresh or slot.dedicated) and slot.job is not None:
                 self._assign(slot, slot.job, slot.verb, slot.outcome)
         elif verb == "fatal":
@@ -367,13 +374,13 @@ class Supervisor:
                 self._failed(job, outcome, followups)
                 self._finish(slot, keep=False)  # the allocator is left fragmented: a fresh worker is cheaper
                 if not self.fresh:
-                    self._spawn()
+                    self._spawn(why="over the memory cap")
                 return
             bloated = not self.fresh and self.settings.rss_limit_mb and \
                 slot.handle.rss_mb() > self.settings.rss_limit_mb * RECYCLE_FRACTION
             self._finish(slot)
             if bloated and slot in self._slots:
-                self._replace(slot)  # memory kept from earlier cases must not fail the next one
+                self._replace(slot, "memory kept")  # memory kept from earlier cases must not fail the next one
             yield job, outcome
         elif verb == "probed":
             job, outcome = slot.job, slot.outcome
@@ -381,7 +388,7 @@ class Supervisor:
             if reply[1]:  # the reference alone overran the memory cap too
                 self._finish(slot, keep=False)
                 if not self.fresh:
-                    self._spawn()
+                    self._spawn(why="over the memory cap")
                 yield job, reference_at_fault(outcome, "exceeds the memory cap")
             elif outcome.evidence.get("memory_cap") and "sides_apart" not in outcome.evidence:
                 # Both sides shared one cap and the reference alone fits: the target gets the cap to itself.
@@ -457,7 +464,7 @@ class Supervisor:
         job, verb, pending = slot.job, slot.verb, slot.outcome
         node = slot.info.get("node")
         elapsed = time.monotonic() - slot.started
-        self._replace(slot)
+        self._replace(slot, "died")
         if job is None:
             return
         if death.lost and not signalled:
@@ -520,7 +527,7 @@ class Supervisor:
             return
         job, verb, pending = slot.job, slot.verb, slot.outcome
         elapsed = now - slot.started
-        self._replace(slot)
+        self._replace(slot, "timed out")
         if verb == "apart":  # the case's own verdict with the target's cap to itself (probed already)
             yield job, Outcome(case_id=job.case.id, status=Status.TIMEOUT,
                                message=f"timed out after {self.settings.timeout_s:g} s; the worker was stopped",

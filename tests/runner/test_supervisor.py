@@ -50,6 +50,9 @@ def test_the_memory_cap_is_hard_a_fast_allocation_cannot_overshoot_it(tmp_path):
     apart = outcome.evidence["sides_apart"]
     assert apart["rss_limit_mb"] > 2048 and apart["message"].startswith("exceeded the memory cap of"), apart
     assert "infra_retries" not in outcome.evidence
+    # Every worker it took is accounted for: the pool's, the one after the overrun, the one with the sides apart.
+    assert supervisor.starts["pool"] >= 1 and supervisor.starts["sides apart"] == 1, supervisor.starts
+    assert supervisor.starts["over the memory cap"] >= 1 and supervisor.warmup_seconds > 0, supervisor.starts
 
 
 def test_a_cap_below_the_worker_itself_is_refused_in_one_line(tmp_path):
