@@ -39,7 +39,7 @@ from runner.worker import CRASH_DIR_ENV
 
 from .strategies import StrategyNotApplicable
 from .repro import write_repro
-from .rules import rule_for
+from .rules import resolved_for_device, rule_for
 from .samples import (
     HypothesisNotApplicable,
     cacheable_inputs,
@@ -270,7 +270,7 @@ def _case_samples(case: Case, op, ctx) -> tuple[list, Any, bool] | Outcome:
                        evidence={"error": traceback.format_exc()})
     if not samples:
         return Outcome(case_id=case.id, status=Status.SKIP, message="the op has no samples for this dtype")
-    return samples, entry, False
+    return resolved_for_device(op_key(op), samples, ctx.target.device.type), entry, False
 
 
 def _cached_reference(ctx, entry, samples, cache_ok: bool) -> tuple[bool, list | None, str]:

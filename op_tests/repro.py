@@ -31,7 +31,7 @@ from diff.sides import same_layout_copy
 import torch
 
 from .samples import generate_samples, sample_parts, sample_variant
-from .rules import rule_for
+from .rules import resolved_for_device, rule_for
 from .sources import case_op, op_key, sample_seed
 
 JUDGED = (Status.MISMATCH, Status.ERROR, Status.UNSUPPORTED)  # failures seen in the worker, not crashes or hangs
@@ -196,7 +196,7 @@ def write_repro(case: Case, outcome: Outcome, ctx, *, check=None) -> str | None:
     """Writes the reproducer; ``check(op, case, sample, index, target)`` judges a shrunk candidate (None: the
     failing sample is saved as it is)."""
     op = case_op(case)
-    samples = generate_samples(op, case)
+    samples = resolved_for_device(op_key(op), generate_samples(op, case), ctx.target.device.type)
     budget = int(getattr(ctx.settings, "repro_max_bytes", DEFAULT_MAX_BYTES))
     failing = [f["sample"] for f in outcome.evidence.get("failures", []) if f["sample"] < len(samples)]
     keep = rule_for(op_key(op)).cpu_arguments

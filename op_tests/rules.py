@@ -16,6 +16,7 @@ backend that breaks the promise is. The ``ties`` input strategy
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import functools
 import json
@@ -51,7 +52,7 @@ class OpRule:
 def _rules() -> dict:
     data = json.loads(RULES_FILE.read_text())
     for section in ("distribution", "metadata", "gather_indices", "exact_indices", "cpu_arguments", "input_strategies",
-                    "properties"):
+                    "properties", "device_resolved"):
         for entry in data.get(section, []):
             if not entry.get("reason"):
                 raise ValueError(f"{RULES_FILE.name}: every {section} entry needs a reason ({entry.get('pattern')})")
@@ -109,6 +110,42 @@ def _compare_rule(op_key: str) -> OpRule:
                 ),
             )
     return OpRule(compare="values")
+
+
+def _linear_cross_entropy_acc_policy(inp, kwargs: dict, device_type: str) -> dict:
+    """``options.acc_policy="auto"`` as LinearCrossEntropyOptions documents it for ``device_type``: "accurate" for
+    float16 and bfloat16 input on the CPU, "compact" otherwise."""
+    import dataclasses
+
+    options = kwargs.get("options")
+    if options is None or getattr(options, "acc_policy", None) != "auto" or not isinstance(inp, torch.Tensor):
+        return kwargs
+    low = inp.dtype in (torch.float16, torch.bfloat16)
+    policy = "accurate" if device_type == "cpu" and low else "compact"
+    return {**kwargs, "options": dataclasses.replace(options, acc_policy=policy)}
+
+
+RESOLVERS = {"linear_cross_entropy_acc_policy": _linear_cross_entropy_acc_policy}
+
+
+def resolved_for_device(op_key: str, samples: list, device_type: str) -> list:
+    """The samples with the keyword arguments PyTorch resolves by device type made explicit, as the target's
+    device resolves them (op_rules.json "device_resolved"): the reference, its golden and the target then run
+    the one algorithm PyTorch documents for the target, and a reproducer shows it. Other ops' samples as given."""
+    for entry in _rules().get("device_resolved", []):
+        if fnmatch.fnmatchcase(op_key, entry["pattern"]):
+            resolve = RESOLVERS.get(entry["resolver"])
+            if resolve is None:
+                raise ValueError(f"{RULES_FILE.name}: unknown resolver {entry['resolver']!r} for {entry['pattern']}")
+            out = []
+            for sample in samples:
+                kwargs = resolve(sample.input, dict(sample.kwargs), device_type)
+                if kwargs != sample.kwargs:
+                    sample = copy.copy(sample)
+                    sample.kwargs = kwargs
+                out.append(sample)
+            return out
+    return samples
 
 
 def tie_contract(op_key: str) -> str | None:

@@ -87,3 +87,25 @@ def test_a_float16_mean_accumulated_in_float16_is_a_mismatch_only_the_long_rows_
     assert caught.status is Status.MISMATCH, caught.message
     assert "float16 row of" in caught.message, caught.message
     assert buggy[("mean", "float16", "opinfo")].status is Status.PASS, "OpInfo's short rows cannot show it"
+
+
+def test_linear_cross_entropy_runs_the_accumulation_policy_the_targets_device_resolves(tmp_path):
+    """LinearCrossEntropyOptions(acc_policy="auto") keeps float16 logits on any device but the CPU (documented):
+    the reference runs the target's policy, so a device that computes PyTorch's documented algorithm passes its
+    long rows under the exact profile (they were two false mismatches), while the policy stays the CPU's own
+    where the target is the CPU."""
+    from op_tests.rules import resolved_for_device
+
+    key = "nn.functional.linear_cross_entropy.chunked"
+    selection = OpSelection(patterns=(key + "*",), dtypes=("float16",), strategies=("accumulation",))
+    cases = strategy_cases(selection)
+    case = next(c for c in cases if c.category == "chunked")
+    samples = strategy_samples(get_op(key), case)
+    policies = {device: {s.kwargs["options"].acc_policy for s in resolved_for_device(key, samples, device)
+                         if s.kwargs.get("options") is not None} for device in ("neuron", "cpu")}
+    assert policies == {"neuron": {"compact"}, "cpu": {"accurate"}}, policies
+    assert {s.kwargs["options"].acc_policy for s in samples if s.kwargs.get("options")} == {"auto"}, "samples untouched"
+
+    ran = run_cases(tmp_path, cases, "exact", {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact"})
+    assert len(ran) == 2
+    assert all(o.status is Status.PASS for _, o in ran), [(c.name, o.message[:300]) for c, o in ran]
