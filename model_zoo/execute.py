@@ -251,6 +251,43 @@ def verdict_outcome(case: Case, verdict, precision, side: TargetRun, expected: d
     return outcome(Status.PASS, f"all {result.leaves} compared tensors match")
 
 
+def reference_floor_mb(built, config) -> float:
+    """MiB the CPU reference cannot do without: the model's parameters and buffers (at the run's dtype where it
+    is narrower) and, when it trains, a gradient for each trainable parameter. Activations, optimizer state
+    and the worker itself come on top, so a cap below this is certainly overrun."""
+    narrow = getattr(torch, config.dtype, None) if isinstance(config.dtype, str) else None
+    size = torch.empty((), dtype=narrow).element_size() if isinstance(narrow, torch.dtype) else None
+
+    def nbytes(t: torch.Tensor) -> int:
+        width = min(t.element_size(), size) if size and t.is_floating_point() else t.element_size()
+        return t.numel() * width
+
+    model = built.model
+    total = sum(nbytes(p) for p in model.parameters()) + sum(nbytes(b) for b in model.buffers())
+    if config.mode != "eval":
+        total += sum(nbytes(p) for p in model.parameters() if p.requires_grad)
+    return total / 2**20
+
+
+def over_the_cap(case: Case, built, config, ctx) -> Outcome | None:
+    """A ``skip`` before either side runs, where the CPU reference alone cannot fit the worker's memory cap.
+
+    Otherwise the target would run up to the cap, a fresh worker would probe the reference alone up to it
+    too, and the case would end as the same skip, two worker starts later.
+    """
+    cap = ctx.settings.rss_limit_mb
+    if not cap:
+        return None
+    floor = reference_floor_mb(built, config)
+    if floor <= cap:
+        return None
+    return Outcome(case_id=case.id, status=Status.SKIP,
+                   message=f"the CPU reference alone needs at least {floor:,.0f} MiB (the model's parameters and "
+                           f"buffers{', and their gradients' if config.mode != 'eval' else ''}), over the memory "
+                           f"cap of {cap:,} MiB: it cannot be judged under this cap (--rss-limit-mb)",
+                   evidence={"reference_at_fault": True, "reference_floor_mb": round(floor, 1), "memory_cap_mb": cap})
+
+
 def execute_model_case(case: Case, ctx) -> Outcome:
     """Builds the configuration, runs the target, then the reference (or takes it from the cache), and judges;
     an ill-conditioned configuration is judged again on a larger input (:func:`judged_on_larger_input`)."""
@@ -258,6 +295,9 @@ def execute_model_case(case: Case, ctx) -> Outcome:
     config, built = build_case(case)
     if isinstance(built, Outcome):
         return built
+    skipped = over_the_cap(case, built, config, ctx)
+    if skipped is not None:
+        return skipped
     outcome, verdict = judge_built(case, config, built, ctx, timings={"generation": time.perf_counter() - t0})
     if verdict is not None and verdict.ill_conditioned:
         return judged_on_larger_input(case, config, outcome, ctx)

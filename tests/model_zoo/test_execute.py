@@ -159,3 +159,32 @@ def test_an_ill_conditioned_configuration_is_judged_on_a_larger_input_where_a_fa
     assert faulty.status is Status.MISMATCH, faulty.message
     assert faulty.evidence["judged_on"]["batch"] == 4 * config.batch
     assert not faulty.evidence["case_op_replay"]["first"], "the case's own input cannot show this bug"
+
+
+def test_a_model_whose_reference_cannot_fit_the_cap_is_skipped_before_either_side_runs(tmp_path):
+    """Parameters and their gradients over the worker's cap: the CPU reference alone must overrun it, so the case
+    is a skip at once (no target run up to the cap, no reference probe, no worker restarts), and a cap it fits
+    under runs the case as before."""
+    from model_zoo import build, default_config
+    from model_zoo.execute import execute_model_case, over_the_cap, reference_floor_mb
+    from runner.worker import make_context
+
+    config = default_config("timm/legacy_seresnet18", mode="train")
+    model = build(config).model
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    floor = reference_floor_mb(build(config), config)
+    assert floor == pytest.approx((2 * params + buffers) / 2**20)
+    assert reference_floor_mb(build(config.replace(mode="eval")), config.replace(mode="eval")) == \
+        pytest.approx((params + buffers) / 2**20)
+    half = config.replace(dtype="bfloat16")
+    assert reference_floor_mb(build(half), half) < floor * 0.6, "bfloat16 parameters are half as wide"
+
+    cap = int(floor) - 1
+    ctx = make_context(RunSettings(target="neuron", rss_limit_mb=cap, env={"NEURON_VALIDATE_EMULATOR_PROFILE": "exact"}))
+    outcome = execute_model_case(model_case(config), ctx)
+    assert outcome.status is Status.SKIP, outcome.message
+    assert f"over the memory cap of {cap:,} MiB" in outcome.message and outcome.evidence["reference_at_fault"]
+    assert "target" not in ctx._resolved, "the target never ran"
+    roomy = make_context(RunSettings(target="neuron", rss_limit_mb=int(floor) + 4096))
+    assert over_the_cap(model_case(config), build(config), config, roomy) is None, "a cap it fits runs the case"
