@@ -24,7 +24,10 @@ process per case):
   dead case's reproducer, since the dead one cannot;
 - **sides apart**: a memory overrun whose reference alone fits runs again in
   a worker given the reference's own share on top of the cap, so the target
-  keeps the whole cap; only an overrun there is charged to the backend;
+  keeps the whole cap; only an overrun there is charged to the backend. So
+  does a capped worker that died of a fault signal (a library that does not
+  check an allocation segfaults under the cap): only dying again apart is a
+  ``crash``;
 - **lost workers are not verdicts**: a worker whose node died, was preempted
   or became unreachable (the transport says so, ``Death.lost``) takes
   nothing with it: its case runs again on another worker, up to
@@ -390,7 +393,8 @@ class Supervisor:
                 if not self.fresh:
                     self._spawn(why="over the memory cap")
                 yield job, reference_at_fault(outcome, "exceeds the memory cap")
-            elif outcome.evidence.get("memory_cap") and "sides_apart" not in outcome.evidence:
+            elif (outcome.evidence.get("memory_cap") or outcome.evidence.get("died_under_cap")) \
+                    and "sides_apart" not in outcome.evidence:
                 # Both sides shared one cap and the reference alone fits: the target gets the cap to itself.
                 share = self.settings.rss_limit_mb if reference_mb is None else int(reference_mb * 1.25) + 64
                 outcome.evidence["sides_apart"] = {"reference_mb": reference_mb,
@@ -422,8 +426,9 @@ class Supervisor:
                 return
             yield job, first
             return
-        self._note_retry(job, None, f"the memory cap of {self.settings.rss_limit_mb} MiB was shared by the "
-                                    "reference and the target; ran again with the reference's share on top",
+        died = f"the worker died ({first.message}) under " if first.evidence.get("died_under_cap") else ""
+        self._note_retry(job, None, f"{died}the memory cap of {self.settings.rss_limit_mb} MiB was shared by "
+                                    "the reference and the target; ran again with the reference's share on top",
                          "run", "memory")
         outcome.evidence["sides_apart"] = {**apart, "first": first.message}
         yield job, outcome
@@ -506,6 +511,11 @@ class Supervisor:
                 skipped.evidence["reference_crash"] = step["samples"]
                 yield job, skipped
                 return
+            if signalled and self.settings.rss_limit_mb:
+                # A library that does not check an allocation dies of it (oneDNN under the cap: SIGSEGV): with
+                # both sides in one capped worker that may be the harness's arrangement, so the sides run apart
+                # once before the crash is charged to the backend (see "probed").
+                crashed.evidence["died_under_cap"] = self.settings.rss_limit_mb
             self._failed(job, crashed, followups)
         elif verb == "probe":
             yield job, reference_at_fault(pending, f"dies ({reason})")

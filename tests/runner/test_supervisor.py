@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,37 @@ def test_the_memory_cap_is_hard_a_fast_allocation_cannot_overshoot_it(tmp_path):
     # Every worker it took is accounted for: the pool's, the one after the overrun, the one with the sides apart.
     assert supervisor.starts["pool"] >= 1 and supervisor.starts["sides apart"] == 1, supervisor.starts
     assert supervisor.starts["over the memory cap"] >= 1 and supervisor.warmup_seconds > 0, supervisor.starts
+
+
+def test_a_worker_that_segfaults_under_the_shared_cap_runs_again_with_the_sides_apart(tmp_path):
+    """sin's kernel dies of SIGSEGV while the worker's cap is below DIE_BELOW_MB (a library that does not check an
+    allocation): the reference alone fits, so the case runs again with the reference's share on top of the cap
+    and gets the verdict of that run, with the retry recorded. A kernel that crashes whatever its room is still
+    a crash."""
+    import os
+
+    sin = case("sin", max_samples=2)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    tight = settings(tmp_path, rss_limit_mb=3072, backend_modules=("tests.fixtures.dies_under_tight_cap",))
+    tight = replace(tight, env={**tight.env, **env})
+    # The data limit a worker under this cap gets (the cap, plus what it had reserved and not touched): the
+    # kernel dies below a little more than that, and lives with the reference's share (64 MiB at least) on top.
+    with Supervisor(tight, persistent=True) as supervisor:
+        supervisor.run_one(sin)
+        limit = supervisor.workers()[0].info["memory_limit_bytes"]
+    tight = replace(tight, env={**tight.env, "DIE_BELOW_BYTES": str(limit + (16 << 20))})
+    with Supervisor(tight) as supervisor:
+        (outcome,) = supervisor.run([sin])
+    assert outcome.status is Status.PASS, outcome.message
+    (retry,) = outcome.evidence["infra_retries"]
+    assert retry["kind"] == "memory" and "the worker died (worker process died: SIGSEGV)" in retry["reason"], retry
+    assert outcome.evidence["sides_apart"]["rss_limit_mb"] >= 3072 + 64
+
+    crashing = replace(tight, env={**tight.env, "NEURON_VALIDATE_FAULTS": "crash@aten::sin", "DIE_BELOW_BYTES": "0"})
+    with Supervisor(crashing) as supervisor:
+        (outcome,) = supervisor.run([sin])
+    assert outcome.status is Status.CRASH and "SIGSEGV" in outcome.message, outcome.message
+    assert outcome.evidence["sides_apart"], "it died again with the sides apart"
 
 
 def test_a_cap_below_the_worker_itself_is_refused_in_one_line(tmp_path):
