@@ -52,8 +52,15 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
 def _audit(event: str, args: tuple) -> None:
-    """Python's ``open`` audit event (``open()``, ``os.open``): where the script writes, as it happens."""
-    if event != "open" or _writes is None:
+    """Python's ``open`` audit event (``open()``, ``os.open``): where the script writes, as it happens; and
+    ``tempfile``'s events: the scratch files and folders its libraries make (a compiler's, a profiler's), which
+    land in the user's folders when those are inside the temporary directory, and are not the script's outputs."""
+    if _writes is None:
+        return
+    if event in ("tempfile.mkstemp", "tempfile.mkdtemp"):
+        _temporaries.add(os.path.realpath(os.fsdecode(args[0])))
+        return
+    if event != "open":
         return
     path, mode, flags = args
     if not isinstance(path, (str, bytes, os.PathLike)):
@@ -65,6 +72,7 @@ def _audit(event: str, args: tuple) -> None:
 
 
 _audit_installed = False
+_temporaries: set[str] = set()  # real paths tempfile made while a side runs
 
 
 # The harness's own stores, which other checks running beside this one may write at any time.
@@ -132,8 +140,9 @@ def _own_working_directory(folder: str):
     the tool (pytorch/examples read their data there). Yields a dict filled at the end: ``created`` (files
     the side wrote in its own folders) and ``shared`` (files it wrote in the user's folders through a link:
     both sides write those). Writes are seen through Python's audit hook for ``open`` and, for the files
-    linked directly (C code writes without ``open``), through their changed stamps; the harness's own
-    stores and the files its own process writes (a shell redirection) are left out."""
+    linked directly in the working directory (C code writes without ``open``), through their changed stamps
+    (above it anyone may change a file, so there only ``open`` counts); the scratch files of ``tempfile``, the
+    harness's own stores and the files its own process writes (a shell redirection) are left out."""
     global _writes, _audit_installed
     original = os.getcwd()
     chain = _ancestors(original, PARENT_LEVELS)
@@ -144,7 +153,9 @@ def _own_working_directory(folder: str):
     here = top
     for level, child in zip(reversed(chain[1:]), reversed(chain[:-1])):
         (here / os.path.basename(child)).mkdir(exist_ok=True)  # a real folder: not linked by the mirror
-        _mirror(level, here, 0, own, stamps)
+        # Files above the working directory count as written only through Python's open: their changed stamps
+        # may be anyone's (a log another job appends to, in a busy parent folder such as the temporary one).
+        _mirror(level, here, 0, own, {})
         here = here / os.path.basename(child)
     _mirror(original, here, 2, own, stamps)
     files: dict = {"cwd": str(here), "created": [], "shared": []}
@@ -152,12 +163,14 @@ def _own_working_directory(folder: str):
         sys.addaudithook(_audit)
         _audit_installed = True
     _writes = set()
+    _temporaries.clear()
     os.chdir(here)
     os.environ[DISPLAY_ROOT_ENV] = original  # lines are still named relative to the user's directory
     try:
         yield files
     finally:
-        written, _writes = _writes, None
+        scratch = tuple(_temporaries)
+        written, _writes = {p for p in _writes if not any(p == t or p.startswith(t + os.sep) for t in scratch)}, None
         os.chdir(original)
         os.environ.pop(DISPLAY_ROOT_ENV, None)
         for root, dirs, names in os.walk(top):

@@ -260,3 +260,36 @@ def test_accelerate_choosing_the_cpu_is_named_with_its_version():
     obs = {"target": {"ran": True, "executed_ops": 0, "accelerate": {"version": "1.2.3", "device": "cpu"}}}
     (unused,) = [f for f in run_checks(obs, CTX) if f.check == "target-used"]
     assert "accelerate 1.2.3" in unused.detail and "torch.accelerator" in unused.hint
+
+
+def test_a_sides_outputs_are_its_own_writes_not_a_busy_parent_folders(tmp_path, monkeypatch):
+    """The working directory's parent is a busy folder (the temporary one, where a checkout may live): another
+    process appends to a log there, and a library makes its scratch files there with tempfile. Neither is the
+    script's output; the file the script itself rewrites through ``..`` is, and so is one C code rewrites in
+    the working directory (seen by its stamp)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from validate.execute import _own_working_directory
+
+    parent = tmp_path / "busy"
+    project = parent / "project"
+    project.mkdir(parents=True)
+    (parent / "other-job.log").write_text("started\n")
+    (parent / "out.txt").write_text("the last run's")  # existed before: the side writes through its link
+    (project / "weights.bin").write_bytes(b"old")
+    monkeypatch.chdir(project)
+    with _own_working_directory(str(tmp_path / "side")) as files:
+        subprocess.run([sys.executable, "-c", f"open({str(parent / 'other-job.log')!r}, 'a').write('more\\n')"],
+                       check=True)
+        fd, scratch = tempfile.mkstemp(dir=parent)
+        with open(fd, "w") as f:
+            f.write("a compiler's scratch")
+        folder = tempfile.mkdtemp(dir=parent)
+        with open(f"{folder}/kernel.cpp", "w") as f:
+            f.write("//")
+        with open("../out.txt", "w") as f:
+            f.write("the script's output")
+        subprocess.run([sys.executable, "-c", "open('weights.bin', 'wb').write(b'new, longer')"], check=True)
+    assert files["shared"] == ["../out.txt", "weights.bin"], files["shared"]
