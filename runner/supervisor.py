@@ -494,9 +494,13 @@ class Supervisor:
                 followups.appendleft((job, pending, verb))  # once more, on another node where there is one
                 return
         if verb == "apart":  # died with the target's cap to itself: the backend's crash (probed already)
-            yield job, Outcome(case_id=job.case.id, status=Status.CRASH, message=f"worker process died: {reason}",
-                               evidence={**evidence, "sides_apart": pending.evidence.get("sides_apart")},
-                               duration_s=elapsed)
+            crashed = Outcome(case_id=job.case.id, status=Status.CRASH, message=f"worker process died: {reason}",
+                              evidence={**evidence, "sides_apart": pending.evidence.get("sides_apart")},
+                              duration_s=elapsed)
+            if self.settings.artifacts_dir and not pending.repro:  # the dead worker could not write it
+                followups.append((job, crashed, "repro"))
+                return
+            yield job, crashed
             return
         journal = CaseJournal(self._crash_dir, job.case.id) if verb == "run" else None
         if journal is not None and journal.crashed_now(reason):

@@ -85,6 +85,7 @@ def test_a_worker_that_segfaults_under_the_shared_cap_runs_again_with_the_sides_
         (outcome,) = supervisor.run([sin])
     assert outcome.status is Status.CRASH and "SIGSEGV" in outcome.message, outcome.message
     assert outcome.evidence["sides_apart"], "it died again with the sides apart"
+    assert outcome.repro and Path(outcome.repro).is_file(), "a replacement worker wrote its reproducer"
 
 
 def test_a_cap_below_the_worker_itself_is_refused_in_one_line(tmp_path):
