@@ -255,8 +255,8 @@ def reference_floor_mb(built, config) -> float:
     """MiB the CPU reference cannot do without: the model's parameters and buffers (at the run's dtype where it
     is narrower) and, when it trains, a gradient for each trainable parameter. Activations, optimizer state
     and the worker itself come on top, so a cap below this is certainly overrun."""
-    narrow = getattr(torch, config.dtype, None) if isinstance(config.dtype, str) else None
-    size = torch.empty((), dtype=narrow).element_size() if isinstance(narrow, torch.dtype) else None
+    narrow = getattr(torch, config.dtype, None)
+    size = narrow.itemsize if isinstance(narrow, torch.dtype) else None
 
     def nbytes(t: torch.Tensor) -> int:
         width = min(t.element_size(), size) if size and t.is_floating_point() else t.element_size()

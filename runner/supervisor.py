@@ -144,7 +144,7 @@ class Supervisor:
         self._retries: dict[int, tuple[Job, list[dict]]] = {}  # by id(job): the harness's retries so far
         self._start_losses = 0
         # Worker starts by why they were needed, and the seconds from start to ready summed over them: what a
-        # run paid beyond its cases' own time (SuiteSummary.overhead_note says it).
+        # run paid beyond its cases' own time (SuiteSummary.starts_line says it).
         self.starts: dict[str, int] = {}
         self.warmup_seconds = 0.0
 
