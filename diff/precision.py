@@ -254,6 +254,9 @@ class PerturbMode:
                 floating = not tensors or any(t.is_floating_point() or t.is_complex() for t in tensors)
                 entry = model.for_op(func._schema.name, floating)
                 mutable = func._schema.is_mutable
+                if entry is None and (inner := python_decomposition(func)) is not None:
+                    with self:  # its own ops, as the device computes them, take the model's error
+                        return inner(*args, **kwargs)
                 if (entry is None or func._schema.name in ("aten::copy_", "aten::_to_copy")
                         or (mutable and entry.where == "inputs")):
                     return func(*args, **kwargs)
@@ -275,6 +278,25 @@ class PerturbMode:
 
     def __exit__(self, *exc) -> None:
         self._mode.__exit__(*exc)
+
+
+def python_decomposition(func) -> Callable | None:
+    """The Python body of a custom op that runs the same on every device (``torch.library.custom_op`` without
+    a device type, e.g. ``torch_nn::_linear_cross_entropy_batch_chunked``), or None.
+
+    Such an op is one dispatch to a mode, but every device runs its body op by op: the device's tables and
+    casts act on the exp and mm inside. The perturbed runs go inside it too, or the noise floor misses the
+    device's designed error there. An op with a kernel per device, or an ATen op, is left whole."""
+    if func.namespace in ("aten", "prims", "prim"):
+        return None
+    try:
+        from torch._library.custom_ops import _maybe_get_opdef
+
+        opdef = _maybe_get_opdef(func)
+    except (ImportError, AttributeError, TypeError):
+        return None
+    backend_fns = getattr(opdef, "_backend_fns", None) or {}
+    return backend_fns.get(None) if set(backend_fns) == {None} else None
 
 
 def perturb_tensor(t, entry: OpPrecision, seed: int):

@@ -76,6 +76,37 @@ def test_a_difference_the_precision_explains_passes_and_a_fault_does_not():
     assert verdict.status is Status.MISMATCH
 
 
+@torch.library.custom_op("nv_test::tanh_chain_any_device", mutates_args=())
+def _tanh_chain_any_device(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(torch.tanh(x) * 3)
+
+
+@torch.library.custom_op("nv_test::tanh_chain_cpu_kernel", mutates_args=(), device_types="cpu")
+def _tanh_chain_cpu_kernel(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(torch.tanh(x) * 3)
+
+
+def test_the_noise_floor_reaches_inside_a_python_custom_op_that_every_device_runs_op_by_op():
+    """``torch_nn::_linear_cross_entropy_batch_chunked`` is one dispatch but runs its log_softmax and mm on the
+    device: the perturbed runs must perturb its inner ops, or the device's designed error there is a false
+    mismatch. An op with a kernel of its own per device is left whole: its inner ops are not the device's."""
+    x = torch.linspace(-3, 3, 401)
+    inner = perturbed_runs(lambda: _tanh_chain_any_device(x), TABLES)
+    assert all(not torch.equal(run, _tanh_chain_any_device(x)) for run in inner)
+    assert inner.reasons == ("activation tables",), "the runs name the tables they met inside"
+    whole = perturbed_runs(lambda: _tanh_chain_cpu_kernel(x), TABLES)
+    assert all(torch.equal(run, _tanh_chain_cpu_kernel(x)) for run in whole) and whole.reasons == ()
+
+    judge = Judge(tolerance=FP32, precision=TABLES)
+    expected = _tanh_chain_any_device(x)
+    device_like = expected + 2.0**-15 * torch.sin(x * 37)
+    verdict = judge(device_like, expected, noise=lambda: perturbed_runs(lambda: _tanh_chain_any_device(x), TABLES))
+    assert verdict and verdict.within_precision, verdict.message
+    verdict = judge(expected * 1.01, expected,
+                    noise=lambda: perturbed_runs(lambda: _tanh_chain_any_device(x), TABLES))
+    assert verdict.status is Status.MISMATCH, "a fault inside the custom op is still beyond the floor"
+
+
 def test_an_ill_conditioned_computation_is_inconclusive_with_its_condition_estimate():
     model = PrecisionModel(name="bf16 adds", ops=(OpPrecision(pattern="aten::add*", rel=2.0**-8, reason="bf16"),))
     x = torch.full((64,), 1.0e4, dtype=torch.float64)
