@@ -29,6 +29,10 @@ class Status(str, Enum):
         return self.value
 
 
+# Evidence key: the CPU reference raised, so the case is a skip (the exception's text). A supervisor runs such a
+# case again in a fresh worker before the skip stands (runner.supervisor).
+REFERENCE_RAISED = "reference_raised"
+
 PASSING = frozenset({Status.PASS, Status.XFAIL, Status.XPASS, Status.SKIP})
 FAILING = frozenset({Status.MISMATCH, Status.ERROR, Status.UNSUPPORTED, Status.CPU_FALLBACK, Status.CRASH, Status.TIMEOUT})
 

@@ -31,7 +31,7 @@ import torch
 
 from conformance.case import Case
 from conformance.host_copies import HostExecution, watch_host_copies
-from conformance.outcome import Outcome, Status
+from conformance.outcome import REFERENCE_RAISED, Outcome, Status
 from conformance.target import EAGER_UNDER_COMPILE, ran_eagerly
 from diff.judge import Judge, classify_error, one_line
 from diff.precision import model_for, perturbed_runs
@@ -40,6 +40,8 @@ from diff.sides import run_model
 from diff.tolerances import TolerancePolicy
 from runner.executors import Executor
 from runner.worker import allocation_failure, return_freed_memory
+
+from .built import left_behind_by_to
 
 
 NOISE_RUNS = 2  # perturbed reference runs of a zoo case whose target has a precision model (cost: bench/model_zoo.py)
@@ -110,10 +112,17 @@ def build_case(case: Case):
 
     config = ModelConfig.from_dict(dict(case.config))
     try:
-        return config, build(config)
+        built = build(config)
     except ModelBuildError as exc:
         return config, Outcome(case_id=case.id, status=Status.SKIP, message=f"cannot be built on the reference: {exc}",
                                evidence={"error": str(exc)})
+    stray = left_behind_by_to(built.model)
+    if stray:  # any device would fail it ("expected device cpu but got ..."): not the target's to answer for
+        return config, Outcome(case_id=case.id, status=Status.SKIP,
+                               message=f"the model runs on the CPU only: .to(device) leaves {', '.join(stray)} behind "
+                                       "(a plain container, not nn.ModuleList/ModuleDict)",
+                               evidence={"left_behind_by_to": stray})
+    return config, built
 
 
 def run_target(built, config, target) -> TargetRun:
@@ -318,7 +327,8 @@ def judge_built(case: Case, config, built, ctx, *, timings: dict, replay: bool =
         expected, cached = run_reference(case, built, config, ctx)
     except Exception as exc:  # noqa: BLE001
         return Outcome(case_id=case.id, status=Status.SKIP, message=f"fails on the reference: {one_line(exc)}",
-                       evidence={"error": traceback.format_exc()}, timings=timings), None
+                       evidence={"error": traceback.format_exc(), REFERENCE_RAISED: one_line(exc)},
+                       timings=timings), None
     timings["reference"] = time.perf_counter() - t0
     del built
 

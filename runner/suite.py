@@ -61,7 +61,8 @@ class SuiteSummary:
     def add_retries(self, retries: list[dict]) -> None:
         self.retried += 1
         for r in retries:
-            reason = r.get("reason", "?") if r.get("kind") != "memory" else "memory cap shared by both sides"
+            reason = {"memory": "memory cap shared by both sides",
+                      "worker state": "reference raised in a used worker"}.get(r.get("kind"), r.get("reason", "?"))
             self.retry_reasons[reason] = self.retry_reasons.get(reason, 0) + 1
 
     @property

@@ -28,6 +28,12 @@ process per case):
   does a capped worker that died of a fault signal (a library that does not
   check an allocation segfaults under the cap): only dying again apart is a
   ``crash``;
+- **a reference that raises in a used worker**: a case whose CPU reference raised
+  (``evidence["reference_raised"]``) in a long-lived worker that had run other
+  cases runs again in a fresh worker, and that worker is retired: a library
+  the earlier cases left in a bad state (oneDNN's "could not create a
+  primitive" after cases near the memory cap, 64 skips in a row) is the
+  worker's, not the case's. Only the fresh worker's outcome is recorded;
 - **lost workers are not verdicts**: a worker whose node died, was preempted
   or became unreachable (the transport says so, ``Death.lost``) takes
   nothing with it: its case runs again on another worker, up to
@@ -55,7 +61,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from conformance.case import Case
 from conformance.journal import CPU, CaseJournal
-from conformance.outcome import Outcome, Status
+from conformance.outcome import REFERENCE_RAISED, Outcome, Status
 from conformance.settings import RunSettings
 from results.store import RETRIES_KEY  # evidence: [{"node", "reason", "during", "kind"}], the harness's retries
 
@@ -65,6 +71,7 @@ from .worker import CRASH_DIR_ENV, RECYCLE_FRACTION
 POLL_S = 0.25
 WORKER_START_TIMEOUT_S = 300.0
 MAX_LOST = 3  # times one case may lose its worker to the cluster before it is reported inconclusive
+DEDICATED = ("apart", "fresh")  # follow-ups that take a worker of their own (see _start_dedicated)
 MAX_START_LOSSES = 20  # workers lost to the cluster while starting, per supervisor, before the run gives up
 # faulthandler's first line, per fatal signal (Python/faulthandler.c).
 FAULT_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
@@ -95,11 +102,11 @@ class _Slot:
     ready: bool = False
     info: dict = field(default_factory=dict)
     job: Job | None = None
-    verb: str | None = None  # run | probe | repro
+    verb: str | None = None  # run | apart | probe | repro
     outcome: Outcome | None = None  # probe / repro: the outcome being completed
     started: float = 0.0
     served: int = 0
-    dedicated: bool = False  # started for one request (a case run with its sides apart); retired after it
+    dedicated: bool = False  # started for one request (sides apart, or a fresh worker); retired after it
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +270,7 @@ class Supervisor:
         node = slot.info.get("node") if slot is not None else None
         for item in followups:
             job, _, verb = item
-            if verb == "apart":
+            if verb in DEDICATED:
                 continue
             avoid = self._tried_nodes(job)
             elsewhere = any(s.ready and s.info.get("node") not in avoid
@@ -273,10 +280,11 @@ class Supervisor:
                 return item
         return None
 
-    def _start_apart(self, followups: deque) -> None:
-        """A case over the memory cap whose reference alone fits runs again in a worker of its own, with the
-        reference's share on top of the cap (the run's worker count is kept: an idle worker makes room)."""
-        for item in [f for f in followups if f[2] == "apart"]:
+    def _start_dedicated(self, followups: deque) -> None:
+        """Follow-ups that need a worker of their own (the run's worker count is kept: an idle worker makes
+        room): a case over the memory cap whose reference alone fits runs again with the reference's share on
+        top of the cap ("apart"); a case whose reference raised in a used worker runs again in a fresh one."""
+        for item in [f for f in followups if f[2] in DEDICATED]:
             if len(self._slots) >= self.jobs:
                 idle = next((s for s in self._slots if s.ready and s.job is None and not s.dedicated), None)
                 if idle is None:
@@ -285,14 +293,18 @@ class Supervisor:
                 self._retire(idle)
             followups.remove(item)
             job, outcome, verb = item
-            slot = self._spawn(job, rss_limit_mb=outcome.evidence["sides_apart"]["rss_limit_mb"])
+            if verb == "apart":
+                slot = self._spawn(job, rss_limit_mb=outcome.evidence["sides_apart"]["rss_limit_mb"])
+            else:
+                slot = self._spawn(job, why="reference raised")
+                verb, outcome = "run", None
             slot.dedicated = True
             slot.job, slot.verb, slot.outcome = job, verb, outcome  # sent once the worker is ready
 
     def _start_work(self, queue: deque, followups: deque) -> None:
-        self._start_apart(followups)
+        self._start_dedicated(followups)
         if self.fresh:
-            while (queue or any(f[2] != "apart" for f in followups)) and len(self._slots) < self.jobs:
+            while (queue or any(f[2] not in DEDICATED for f in followups)) and len(self._slots) < self.jobs:
                 item = self._take_followup(followups, None)
                 if item is not None:
                     job, outcome, verb = item
@@ -373,6 +385,13 @@ class Supervisor:
             yield from self._apart_done(slot, Outcome.from_dict(reply[1]), followups)
         elif verb == "done":
             job, outcome = slot.job, Outcome.from_dict(reply[1])
+            if outcome.status is Status.SKIP and outcome.evidence.get(REFERENCE_RAISED) and slot.served \
+                    and not (self.fresh or slot.dedicated):
+                self._note_retry(job, slot.info.get("node"), f"{outcome.message} (after {slot.served} other "
+                                 "requests in that worker)", "run", "worker state")
+                self._finish(slot, keep=False)  # what left the library in that state may still be there
+                followups.appendleft((job, None, "fresh"))
+                return
             if outcome.evidence.get("memory_cap"):
                 self._failed(job, outcome, followups)
                 self._finish(slot, keep=False)  # the allocator is left fragmented: a fresh worker is cheaper

@@ -151,3 +151,34 @@ def test_workers_die_with_a_killed_run(tmp_path):
                                               for p in pids):
         time.sleep(0.1)
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+
+
+def test_a_reference_that_raises_in_a_used_worker_runs_again_in_a_fresh_one(tmp_path):
+    """A library an earlier case left broken (oneDNN's "could not create a primitive", 64 skips in a row in one
+    long-lived worker) makes the next cases' references raise: each is run again in a fresh worker, and the
+    broken worker is retired. A reference that raises in the fresh worker too is still the case's skip."""
+    import os
+
+    from model_zoo import default_config
+    from model_zoo.execute import model_case
+
+    sin = case("sin", max_samples=1)
+    mlp = model_case(default_config("robotics/gaussian_mlp", mode="train"))
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    base = replace(settings(tmp_path, backend_modules=("tests.fixtures.poisoned_by_an_earlier_case",)),
+                   warmup=("op", "model"))
+    clean = replace(base, env={**base.env, **env})
+    with Supervisor(clean) as supervisor:
+        first, second = supervisor.run([sin, mlp])
+    assert first.status is Status.PASS and second.status is Status.PASS, (first.message, second.message)
+    (retry,) = second.evidence["infra_retries"]
+    assert retry["kind"] == "worker state" and "could not create a primitive" in retry["reason"], retry
+    assert supervisor.starts.get("reference raised") == 1, supervisor.starts
+
+    broken = replace(clean, env={**clean.env, "POISONED": "1"})
+    with Supervisor(broken) as supervisor:
+        (alone,) = supervisor.run([mlp])  # a worker's first request: its skip stands at once
+        first, second = supervisor.run([sin, mlp])
+    assert alone.status is Status.SKIP and "infra_retries" not in alone.evidence, alone.evidence.keys()
+    assert second.status is Status.SKIP and "could not create a primitive" in second.message, second.message
+    assert len(second.evidence["infra_retries"]) == 1, "one fresh worker, then the skip stands"
