@@ -105,6 +105,27 @@ def finish_model(model: torch.nn.Module, config: ModelConfig) -> torch.nn.Module
     return model
 
 
+def left_behind_by_to(model: torch.nn.Module) -> list[str]:
+    """Modules with weights that ``model.to(device)`` leaves where they are: held in a plain list, tuple or dict
+    attribute instead of an ``nn.ModuleList``/``ModuleDict``, so they are not submodules (transformers'
+    OneFormerTransformerModule.input_projections). Such a model runs on no device but the CPU, and its
+    optimizer never sees those weights: a property of the model, known before any backend runs it.
+    Returns ``"input_projections (3 Conv2d)"``-style names; a plain container of registered submodules is fine."""
+    registered = {id(m) for m in model.modules()}
+    found = []
+    for prefix, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if attr.startswith("_") or not isinstance(value, (list, tuple, dict)):
+                continue
+            items = value.values() if isinstance(value, dict) else value
+            stray = [m for m in items if isinstance(m, torch.nn.Module) and id(m) not in registered
+                     and any(True for _ in m.parameters())]
+            if stray:
+                kinds = ", ".join(sorted({type(m).__name__ for m in stray}))
+                found.append(f"{prefix + '.' if prefix else ''}{attr} ({len(stray)} {kinds})")
+    return found
+
+
 def cast_inputs(inputs: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
     """Floating tensors (also inside lists and dicts) cast to ``dtype``; others unchanged."""
 

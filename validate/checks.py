@@ -223,8 +223,9 @@ def check_placement(obs: dict, ctx: CheckContext) -> list[Finding]:
     events = obs.get("placement_events") or []
     created = [e for e in events if e["kind"] == "cpu_tensor"]
     scan = obs.get("target", {}).get("placement") or {}
+    stray = scan.get("unregistered_modules") or []
     left = [t["name"] for t in scan.get("plain_tensors") or [] if t["device"] == "cpu"]
-    left += [t["name"] for t in scan.get("cpu_state") or []]
+    left += [t["name"] for t in scan.get("cpu_state") or []] + [f"the weights of {m}" for m in stray]
     for e in events:
         where = _where(e.get("source"))
         count = f" ({e['count']} times)" if e.get("count", 1) > 1 else ""
@@ -269,6 +270,12 @@ def check_placement(obs: dict, ctx: CheckContext) -> list[Finding]:
             title=f"{len(state)} parameters or buffers left on the CPU: {names}",
             hint="move the whole model with model.to(device) after building it, and register buffers with "
                  "register_buffer so that .to() moves them"))
+    if stray and ctx.device != "cpu":
+        findings.append(Finding(
+            check="placement", severity="warning", subject="unregistered_modules",
+            title=f"modules with weights held in a plain list or dict: {', '.join(stray[:5])}; model.to(device) "
+                  "left them on the CPU, and model.parameters() does not list them",
+            hint="hold them in nn.ModuleList or nn.ModuleDict, so that .to() moves them and the optimizer trains them"))
     for t in scan.get("plain_tensors") or []:
         if t["device"] == "cpu" and ctx.device != "cpu":
             findings.append(Finding(

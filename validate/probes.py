@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import torch
 
 from diff.localize import SourceLine, TraceEvent, exception_frames, find_source
+from model_zoo.built import left_behind_by_to
 
 COPY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::to", "aten::_copy_from", "aten::_copy_from_and_resize"})
 CREATION_OPS = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy", "aten::lift", "aten::scalar_tensor"})
@@ -61,7 +62,7 @@ def placement_from_trace(events: Iterable[TraceEvent], device_type: str) -> list
 
 
 def placement_scan(model: torch.nn.Module, device_type: str) -> dict:
-    """Parameters and buffers left on the CPU, and tensor attributes that ``model.to()`` never moves."""
+    """Parameters and buffers left on the CPU, and tensor attributes and modules that ``model.to()`` never moves."""
     cpu_state = []
     if device_type != "cpu":
         for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
@@ -78,7 +79,7 @@ def placement_scan(model: torch.nn.Module, device_type: str) -> dict:
                 continue
             plain.append({"name": f"{module_name}.{attr}" if module_name else attr, "device": value.device.type,
                           "shape": list(value.shape), "dtype": _dtype(value)})
-    return {"cpu_state": cpu_state, "plain_tensors": plain}
+    return {"cpu_state": cpu_state, "plain_tensors": plain, "unregistered_modules": left_behind_by_to(model)}
 
 
 def _dtype(t: torch.Tensor) -> str:

@@ -188,3 +188,34 @@ def test_a_model_whose_reference_cannot_fit_the_cap_is_skipped_before_either_sid
     assert "target" not in ctx._resolved, "the target never ran"
     roomy = make_context(RunSettings(target="neuron", rss_limit_mb=int(floor) + 4096))
     assert over_the_cap(model_case(config), build(config), config, roomy) is None, "a cap it fits runs the case"
+
+
+def test_a_model_whose_weights_to_device_leaves_behind_is_the_models_skip_not_the_targets_error():
+    """transformers' OneFormer keeps three Conv2d in a plain list: ``.to(device)`` leaves them on the CPU and any
+    accelerator fails it ("expected device cpu but got neuron:0" was charged to the backend under exact). A plain
+    list of modules that are registered anyway is fine."""
+    import torch
+
+    from model_zoo import default_config
+    from model_zoo.built import left_behind_by_to
+    from model_zoo.execute import build_case
+
+    class Portable(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+            self.both = [self.a, self.b]  # a convenience view of registered submodules
+
+    class Stranded(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Portable()
+            self.heads = {"x": torch.nn.Linear(2, 2), "y": torch.nn.Conv2d(2, 2, 1)}
+            self.norms = [torch.nn.ReLU()]  # no weights: nothing to leave behind
+
+    assert left_behind_by_to(Portable()) == []
+    assert left_behind_by_to(Stranded()) == ["heads (2 Conv2d, Linear)"]
+
+    case = model_case(default_config("hf/oneformer", mode="train"))
+    _, outcome = build_case(case)
+    assert outcome.status is Status.SKIP and "input_projections (3 Conv2d)" in outcome.message, outcome.message

@@ -293,3 +293,25 @@ def test_a_sides_outputs_are_its_own_writes_not_a_busy_parent_folders(tmp_path, 
             f.write("the script's output")
         subprocess.run([sys.executable, "-c", "open('weights.bin', 'wb').write(b'new, longer')"], check=True)
     assert files["shared"] == ["../out.txt", "weights.bin"], files["shared"]
+
+
+def test_modules_held_in_a_plain_list_are_named_as_what_to_did_not_move():
+    """A model that keeps layers in a plain list (transformers' OneFormer does) runs on no accelerator: the scan
+    names them, and a mixed-device error points at their weights."""
+    import torch
+
+    from validate.probes import placement_scan
+
+    class Stranded(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = [torch.nn.Conv2d(2, 2, 1) for _ in range(2)]
+
+    scan = placement_scan(Stranded(), "neuron")
+    assert scan["unregistered_modules"] == ["proj (2 Conv2d)"]
+    obs = {"placement_events": [{"kind": "mixed", "op": "aten::convolution", "source": None, "module": "", "count": 1}],
+           "target": {"placement": scan}}
+    findings = {f.subject: f for f in check_placement(obs, CTX)}
+    assert "nn.ModuleList" in findings["unregistered_modules"].hint
+    mixed = next(f for s, f in findings.items() if s.startswith("mixed"))
+    assert "the weights of proj (2 Conv2d)" in mixed.hint, mixed.hint
