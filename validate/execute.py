@@ -141,8 +141,9 @@ def _own_working_directory(folder: str):
     the side wrote in its own folders) and ``shared`` (files it wrote in the user's folders through a link:
     both sides write those). Writes are seen through Python's audit hook for ``open`` and, for the files
     linked directly in the working directory (C code writes without ``open``), through their changed stamps
-    (above it anyone may change a file, so there only ``open`` counts); the scratch files of ``tempfile``, the
-    harness's own stores and the files its own process writes (a shell redirection) are left out."""
+    (above it anyone may change a file, so there only ``open`` counts); the scratch files of ``tempfile``, files
+    the side removed again, the harness's own stores and the files its own process writes (a shell redirection)
+    are left out."""
     global _writes, _audit_installed
     original = os.getcwd()
     chain = _ancestors(original, PARENT_LEVELS)
@@ -170,7 +171,11 @@ def _own_working_directory(folder: str):
         yield files
     finally:
         scratch = tuple(_temporaries)
-        written, _writes = {p for p in _writes if not any(p == t or p.startswith(t + os.sep) for t in scratch)}, None
+        # A file gone when the side ends is its own scratch (tempfile's probe of the temporary folder writes and
+        # removes a file of 8 random letters there): nothing of it is left to collide with the other side's.
+        written = {p for p in _writes if os.path.lexists(p)
+                   and not any(p == t or p.startswith(t + os.sep) for t in scratch)}
+        _writes = None
         os.chdir(original)
         os.environ.pop(DISPLAY_ROOT_ENV, None)
         for root, dirs, names in os.walk(top):

@@ -292,6 +292,11 @@ def test_a_sides_outputs_are_its_own_writes_not_a_busy_parent_folders(tmp_path, 
         with open("../out.txt", "w") as f:
             f.write("the script's output")
         subprocess.run([sys.executable, "-c", "open('weights.bin', 'wb').write(b'new, longer')"], check=True)
+        # tempfile's first use probes the temporary folder: a file of 8 random letters, written and removed
+        # with os.open, no tempfile event (seen as "the target side wrote ../7g2lj10j" under compile).
+        monkeypatch.setattr(tempfile, "_candidate_tempdir_list", lambda: [str(parent)])
+        monkeypatch.setattr(tempfile, "tempdir", None)
+        assert tempfile.gettempdir() == str(parent)
     assert files["shared"] == ["../out.txt", "weights.bin"], files["shared"]
 
 
