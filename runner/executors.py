@@ -47,6 +47,9 @@ class Executor:
     # missing device stops the run at once, in one line. A side of a user script does not: its CPU side
     # must never register the target device.
     resolves_targets: bool = True
+    # Whether the case's warnings print as they would without the harness (a user script's side: its output
+    # file is the user's to read). Other kinds' warnings are counted into the outcome's evidence instead.
+    shows_warnings: bool = False
 
 
 def _entry_points() -> dict[str, object]:

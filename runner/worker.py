@@ -27,12 +27,14 @@ executor handled the error.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -165,11 +167,43 @@ def memory_outcome(case_id: str, settings: RunSettings, error: str, duration_s: 
 
 
 # ---------------------------------------------------------------- running cases
+WARNINGS_KEPT = 5  # distinct warnings a case's evidence keeps (the most frequent)
+
+
+@contextlib.contextmanager
+def warnings_counted(counts: dict[str, int]):
+    """The warnings a case raises, counted by category and first line instead of printed: OpInfo's samples
+    alone warn hundreds of times a sweep ("options ignored"), which buried a run's progress. The filters are
+    left as they are (what a library silences stays silent)."""
+    def count(message, category, filename, lineno, file=None, line=None):
+        key = f"{category.__name__}: {str(message).strip().splitlines()[0][:300] if str(message).strip() else ''}"
+        counts[key] = counts.get(key, 0) + 1
+
+    with warnings.catch_warnings():
+        warnings.showwarning = count
+        yield counts
+
+
 def execute(case: Case, ctx: WorkerContext) -> Outcome:
-    """Runs one case; a failure of the harness itself becomes an ``error`` with its traceback."""
+    """Runs one case; a failure of the harness itself becomes an ``error`` with its traceback. The case's
+    warnings go into its evidence (``warnings``), except where its executor shows them (a user script's)."""
+    counts: dict[str, int] = {}
+    outcome = _execute(case, ctx, counts)
+    if counts:
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:WARNINGS_KEPT]
+        outcome.evidence.setdefault("warnings", [f"{text} (x{n})" if n > 1 else text for text, n in top])
+    return outcome
+
+
+def _execute(case: Case, ctx: WorkerContext, counts: dict[str, int]) -> Outcome:
     start = time.perf_counter()
     try:
-        outcome = executor_for(case.kind).execute(case, ctx)
+        executor = executor_for(case.kind)
+        if executor.shows_warnings:
+            outcome = executor.execute(case, ctx)
+        else:
+            with warnings_counted(counts):
+                outcome = executor.execute(case, ctx)
     except Exception as exc:  # noqa: BLE001 - the worker must answer for every case (MemoryError included)
         text = f"{type(exc).__name__}: {exc}"
         if ctx.settings.rss_limit_mb and allocation_failure(text):

@@ -289,5 +289,5 @@ def execute_script(case: Case, ctx) -> Outcome:
     return outcome
 
 
-SIDE_EXECUTOR = Executor(kind="script-side", execute=execute_side, resolves_targets=False)
-EXECUTOR = Executor(kind="script", execute=execute_script)
+SIDE_EXECUTOR = Executor(kind="script-side", execute=execute_side, resolves_targets=False, shows_warnings=True)
+EXECUTOR = Executor(kind="script", execute=execute_script, shows_warnings=True)

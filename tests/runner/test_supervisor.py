@@ -182,3 +182,15 @@ def test_a_reference_that_raises_in_a_used_worker_runs_again_in_a_fresh_one(tmp_
     assert alone.status is Status.SKIP and "infra_retries" not in alone.evidence, alone.evidence.keys()
     assert second.status is Status.SKIP and "could not create a primitive" in second.message, second.message
     assert len(second.evidence["infra_retries"]) == 1, "one fresh worker, then the skip stands"
+
+
+def test_a_cases_warnings_are_counted_into_its_evidence_not_printed(tmp_path, capfd):
+    """OpInfo's linear_cross_entropy samples warn "``options`` ignored" on every call: a sweep printed hundreds
+    of such lines over its progress. They are the case's evidence, counted, and the worker prints none."""
+    lce = case("nn.functional.linear_cross_entropy.chunked_none", max_samples=4)
+    with Supervisor(settings(tmp_path)) as supervisor:
+        (outcome,) = supervisor.run([lce])
+    assert outcome.status is Status.PASS, outcome.message
+    (counted,) = outcome.evidence["warnings"]
+    assert counted.startswith("UserWarning: linear_cross_entropy: ``options`` ignored"), counted
+    assert "options`` ignored" not in capfd.readouterr().err
