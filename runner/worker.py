@@ -176,7 +176,8 @@ def warnings_counted(counts: dict[str, int]):
     alone warn hundreds of times a sweep ("options ignored"), which buried a run's progress. The filters are
     left as they are (what a library silences stays silent)."""
     def count(message, category, filename, lineno, file=None, line=None):
-        key = f"{category.__name__}: {str(message).strip().splitlines()[0][:300] if str(message).strip() else ''}"
+        text = str(message).strip()
+        key = f"{category.__name__}: {text.splitlines()[0][:300] if text else ''}"
         counts[key] = counts.get(key, 0) + 1
 
     with warnings.catch_warnings():
