@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 from conformance.settings import RunSettings
 
+from .zygote import ForkedProcess, Zygote, ZygoteError, environment_key, forkable
+
 
 class TransportError(RuntimeError):
     """The transport itself cannot run (no Ray, no cluster, workers that cannot start)."""
@@ -93,15 +95,22 @@ class Transport(Protocol):
 
 # ---------------------------------------------------------------- local processes
 class _ProcessHandle:
-    def __init__(self, ctx, settings: RunSettings) -> None:
+    def __init__(self, ctx, settings: RunSettings, zygote: Zygote | None = None) -> None:
         from .worker import worker_main
 
         self.conn, child = ctx.Pipe()
-        # Not a daemon: a worker may itself start processes (a user script's, or a nested run's); it dies with
-        # its parent through PR_SET_PDEATHSIG instead.
-        self.process = ctx.Process(target=worker_main, args=(child, settings), daemon=False)
-        self.process.start()
-        child.close()
+        self.zygote = zygote
+        if zygote is not None:
+            try:
+                self.process = ForkedProcess(zygote, zygote.fork(child, settings))
+            finally:
+                child.close()
+        else:
+            # Not a daemon: a worker may itself start processes (a user script's, or a nested run's); it dies
+            # with its parent through PR_SET_PDEATHSIG instead.
+            self.process = ctx.Process(target=worker_main, args=(child, settings), daemon=False)
+            self.process.start()
+            child.close()
         self.gone = False
 
     @property
@@ -149,14 +158,36 @@ class _ProcessHandle:
 
 
 class ProcessTransport:
-    """Workers are local processes started with a clean interpreter (``spawn``), talking over pipes."""
+    """Workers are local processes talking over pipes: forked from a zygote that imported what they need
+    (runner/zygote.py) where that is safe, else started with a clean interpreter (``spawn``)."""
 
     name = "local"
 
     def __init__(self) -> None:
         self._ctx = mp.get_context("spawn")
+        self._zygotes: dict[tuple, Zygote | None] = {}  # by environment; None: it could not preload
+
+    def _zygote(self, settings: RunSettings) -> Zygote | None:
+        if not forkable(settings):
+            return None
+        key = environment_key(settings)
+        zygote = self._zygotes.get(key)
+        if key in self._zygotes and (zygote is None or zygote.alive):
+            return zygote
+        try:
+            zygote = Zygote(self._ctx, settings)
+        except ZygoteError:
+            zygote = None  # a spawned worker reports what stopped it, in its own words
+        self._zygotes[key] = zygote
+        return zygote
 
     def start(self, settings: RunSettings) -> _ProcessHandle:
+        zygote = self._zygote(settings)
+        if zygote is not None:
+            try:
+                return _ProcessHandle(self._ctx, settings, zygote)
+            except ZygoteError:
+                pass  # it died since: spawn this one; the next start makes another
         return _ProcessHandle(self._ctx, settings)
 
     def wait(self, handles: list[_ProcessHandle], timeout: float) -> None:
@@ -164,10 +195,17 @@ class ProcessTransport:
         if not live:
             time.sleep(timeout)
             return
-        wait([h.conn for h in live] + [h.process.sentinel for h in live], timeout=timeout)
+        zygotes = {id(h.zygote): h.zygote for h in live if h.zygote is not None}
+        for zygote in zygotes.values():
+            zygote.pump()  # exit statuses are kept, so that its pipe wakes this wait only for new ones
+        wait([h.conn for h in live] + [h.process.sentinel for h in live if h.process.sentinel is not None]
+             + [z.conn for z in zygotes.values()], timeout=timeout)
 
     def close(self) -> None:
-        pass
+        for zygote in self._zygotes.values():
+            if zygote is not None:
+                zygote.close()
+        self._zygotes.clear()
 
 
 # ---------------------------------------------------------------- Ray actors
