@@ -257,6 +257,8 @@ def main() -> None:
     parser.add_argument("--warm", action="store_true",
                         help="with a reference cache, and run the configurations again from it (a second build)")
     parser.add_argument("--rss-limit-mb", type=int, default=4096)
+    parser.add_argument("--keep", default="", metavar="DIR",
+                        help="keep the run's results store and artifacts in DIR (default: a temporary folder)")
     parser.add_argument("--noise-floor", type=int, default=0, metavar="N",
                         help="only the noise-floor figures, on N timm architectures")
     parser.add_argument("--noise-profile", default="neuron-2.27")
@@ -282,7 +284,8 @@ def main() -> None:
           f"(--sample {args.sample} --seed {args.seed}); running {len(part)} with -j {args.jobs}, "
           f"profile {args.profile}, {os.cpu_count()} CPUs", flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="bench_zoo_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench_zoo_") as scratch:
+        tmp = args.keep or scratch
         cache = os.path.join(tmp, "reference_cache.sqlite") if args.warm else None
         wall, summary, totals, peak, findings = harness_run(part, args.jobs, os.path.join(tmp, "run"), args.rss_limit_mb,
                                                             cache, "cold")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import fnmatch
 
 from .common import UsageError, apply_environment
-from .suite import add_suite_options, run_cases
+from .suite import add_suite_options, plan_run, run_cases
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -50,15 +50,6 @@ def cmd_distributed(args) -> int:
         raise UsageError(f"--world-size {args.world_size!r}: expected comma-separated integers, e.g. 2,4") from None
     if not worlds or any(w < 2 for w in worlds):
         raise UsageError(f"--world-size {args.world_size!r}: every world size must be at least 2")
-    from distributed.backends import devices_short
-
-    from .common import resolve_targets
-
-    _, target = resolve_targets(args)
-    for world in worlds:
-        short = devices_short(target, world)
-        if short:
-            raise UsageError(f"--world-size {world}: {short}")
     known = (*SAMPLE_SUITES, *SETUPS)
     suites = _split(args.suite) or list(known)
     for suite in suites:
@@ -66,6 +57,13 @@ def cmd_distributed(args) -> int:
             raise UsageError(f"--suite {suite!r}: unknown suite (suites: {', '.join(known)})")
     if args.steps < 1:
         raise UsageError(f"--steps {args.steps}: must be at least 1")
+    plan = plan_run(args)
+    from distributed.backends import devices_short
+
+    for world in worlds:
+        short = devices_short(plan.target, world)
+        if short:
+            raise UsageError(f"--world-size {world}: {short}")
     patterns = _split(args.filter)
     cases = []
     unfit = []
@@ -82,7 +80,7 @@ def cmd_distributed(args) -> int:
             raise UsageError(f"--world-size {args.world_size!r}: {'; '.join(dict.fromkeys(unfit))}")
         everything = sorted({n for suite in known for w in (2, 4) for n in _names(suite, w)})
         raise UsageError(f"--filter {args.filter!r} selects nothing (names: {', '.join(everything)})")
-    return run_cases(args, cases, kind_label="distributed", timeout=DEFAULT_TIMEOUT, group="suite")
+    return run_cases(args, plan, cases, kind_label="distributed", timeout=DEFAULT_TIMEOUT, group="suite")
 
 
 def register(sub) -> None:

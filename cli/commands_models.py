@@ -20,7 +20,7 @@ build after its driver died (docs/scale_out.md).
 from __future__ import annotations
 
 from .common import EXIT_OK, UsageError, apply_environment
-from .suite import add_suite_options, run_cases
+from .suite import add_suite_options, plan_run, run_cases
 
 
 def _split(text: str | None) -> list[str]:
@@ -62,6 +62,7 @@ def _where(items: list[str]) -> dict | None:
 
 def cmd_models(args) -> int:
     apply_environment(args)
+    plan = None if getattr(args, "list", False) else plan_run(args)  # listing needs no device
     import model_zoo
     from model_zoo.execute import model_case
 
@@ -100,7 +101,7 @@ def cmd_models(args) -> int:
     cases = [model_case(c) for c in configs]
     if not cases:
         raise UsageError("the selection holds no model configurations (check --family, --filter and --exclude)")
-    return run_cases(args, cases, kind_label="models", timeout=600.0, group="family")
+    return run_cases(args, plan, cases, kind_label="models", timeout=600.0, group="family")
 
 
 def register(sub) -> None:

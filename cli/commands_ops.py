@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from .common import EXIT_OK, UsageError, apply_environment
-from .suite import add_suite_options, run_cases
+from .suite import add_suite_options, plan_run, run_cases
 
 
 def cmd_ops(args) -> int:
     apply_environment(args)
+    plan = None if getattr(args, "list", False) else plan_run(args)  # listing needs no device
     from op_tests.strategies import STRATEGIES
     from op_tests.sources import DIRECTIONS, OpSelection, UnknownOpError, all_cases
 
@@ -30,7 +31,7 @@ def cmd_ops(args) -> int:
         for c in cases:
             print(c.id, c.title)
         return EXIT_OK
-    return run_cases(args, cases, kind_label="ops", timeout=300.0, warmup=("op",))
+    return run_cases(args, plan, cases, kind_label="ops", timeout=300.0, warmup=("op",))
 
 
 def register(sub) -> None:

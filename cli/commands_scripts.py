@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .common import UsageError, apply_environment
-from .suite import add_suite_options, run_cases
+from .suite import add_suite_options, plan_run, run_cases
 
 
 def script_cases(folder: Path, *, mode: str, steps: int | None, seed: int) -> list:
@@ -51,6 +51,7 @@ def cmd_scripts(args) -> int:
     if mode != "eager":
         args.target = f"{args.target}:{mode}"
     apply_environment(args)
+    plan = None if getattr(args, "list", False) else plan_run(args)  # listing needs no device
     cases = script_cases(folder, mode=mode, steps=args.steps, seed=args.seed)
     if not cases:
         raise UsageError(f"{args.folder}: holds no Python scripts")
@@ -58,7 +59,7 @@ def cmd_scripts(args) -> int:
         for c in cases:
             print(c.id, c.title)
         return 0
-    return run_cases(args, cases, kind_label="scripts", timeout=900.0, group="convention")
+    return run_cases(args, plan, cases, kind_label="scripts", timeout=900.0, group="convention")
 
 
 def register(sub) -> None:

@@ -11,7 +11,9 @@ it without importing their own entry point back.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .common import EXIT_FINDINGS, EXIT_OK, UsageError, add_target_options, resolve_targets
 
@@ -65,15 +67,20 @@ def _settings(args, *, timeout: float, build: str, warmup: tuple[str, ...] = (),
     )
 
 
-def run_cases(args, cases, *, kind_label: str, timeout: float, group: str = "dtype", warmup: tuple[str, ...] = ()) -> int:
-    """Runs the cases as one build; the summary table counts outcomes per dtype, or (any other ``group``: the
-    column's heading, e.g. ``family`` for models) per case category."""
-    from conformance.case import parse_shard
-    from results.store import ResultStore
-    from runner.reporters import JsonLinesWriter, JUnitWriter, ProgressReporter, StoreWriter
-    from runner.suite import default_build_id, previous_durations, run_suite
+@dataclass(frozen=True)
+class RunPlan:
+    """The run's own options, checked: the targets resolved and the shard parsed."""
 
-    from .progress import console, summary_table
+    reference: Any
+    target: Any
+    shard: Any = None
+
+
+def plan_run(args) -> RunPlan:
+    """Checks the options every suite run shares (workers, results folder, report files, shard, target and
+    reference) before a command selects its cases: a mistyped ``--target`` is one line at once, not after the
+    selection has loaded OpInfo's database (10 s)."""
+    from conformance.case import parse_shard
 
     if args.jobs < 1:
         raise UsageError(f"-j {args.jobs}: must be at least 1")
@@ -89,6 +96,20 @@ def run_cases(args, cases, *, kind_label: str, timeout: float, group: str = "dty
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     reference, target = resolve_targets(args)
+    return RunPlan(reference=reference, target=target, shard=shard_spec)
+
+
+def run_cases(args, plan: RunPlan, cases, *, kind_label: str, timeout: float, group: str = "dtype",
+              warmup: tuple[str, ...] = ()) -> int:
+    """Runs the cases as one build; the summary table counts outcomes per dtype, or (any other ``group``: the
+    column's heading, e.g. ``family`` for models) per case category."""
+    from results.store import ResultStore
+    from runner.reporters import JsonLinesWriter, JUnitWriter, ProgressReporter, StoreWriter
+    from runner.suite import default_build_id, previous_durations, run_suite
+
+    from .progress import console, summary_table
+
+    reference, target, shard_spec = plan.reference, plan.target, plan.shard
     build = args.build or default_build_id(target.label)
     settings = _settings(args, timeout=timeout, build=build, warmup=warmup, target=target)
     manifest = target.manifest()
