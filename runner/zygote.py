@@ -17,8 +17,15 @@ each one ended; the exit status is what a crash is classified by.
 
 Only where a fork is known to be safe: the emulated device or the CPU as
 target, no backend module named (a real device's runtime may not survive a
-fork), operator and model cases (a user script's side gets a clean
-interpreter, as the user would).
+fork), and operator, model and user-script-side cases. A script's side gets
+what a spawned side had when its script started: torch and the harness
+imported, with that side's environment (the CPU side's turns the device
+backends' autoload off, so it has its own zygote). One thing differs:
+workers forked from one zygote (the perturbed reference runs of one check)
+start with the same state of Python's and NumPy's global random generators,
+where spawned ones drew theirs from the OS. The harness seeds torch itself
+and never relied on those differing; the target and the reference side come
+from different zygotes, as before from different processes.
 
 Requests on the zygote's pipe:  (worker_pipe, settings) -> ("forked", pid);
 None -> exit.  Unprompted: ("exited", pid, exitcode) for each child reaped,
@@ -36,7 +43,7 @@ from multiprocessing.connection import wait
 
 from conformance.settings import RunSettings
 
-FORKABLE_KINDS = frozenset({"op", "model"})
+FORKABLE_KINDS = frozenset({"op", "model", "script-side"})
 READY_TIMEOUT_S = 300.0
 REAP_INTERVAL_S = 0.02
 
