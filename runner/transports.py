@@ -174,6 +174,10 @@ class ProcessTransport:
         zygote = self._zygotes.get(key)
         if key in self._zygotes and (zygote is None or zygote.alive):
             return zygote
+        for other, old in list(self._zygotes.items()):  # another environment now: a zygote left idle goes
+            if old is not None and old.idle:
+                old.close()
+                del self._zygotes[other]
         try:
             zygote = Zygote(self._ctx, settings)
         except ZygoteError:

@@ -60,9 +60,12 @@ def forkable(settings: RunSettings) -> bool:
     return device == "neuron" and importlib.util.find_spec("torch_neuronx") is None  # the emulated device
 
 
+VOLATILE_ENV = frozenset({"PYTEST_CURRENT_TEST"})  # changes while a persistent run's workers come and go
+
+
 def environment_key(settings: RunSettings) -> tuple:
     """Workers whose environment and warm-up match share one zygote (it imported torch with that environment)."""
-    env = {**os.environ, **settings.worker_env()}
+    env = {k: v for k, v in {**os.environ, **settings.worker_env()}.items() if k not in VOLATILE_ENV}
     return tuple(sorted(env.items())), tuple(sorted(settings.warmup))
 
 
@@ -175,6 +178,7 @@ class Zygote:
         self.process.start()
         child.close()
         self.exited: dict[int, int] = {}
+        self.forked: set[int] = set()
         reply = self._next(READY_TIMEOUT_S)
         if not reply or reply[0] != "ready":
             self.close()
@@ -215,7 +219,14 @@ class Zygote:
         reply = self._next(30.0)
         if not reply or reply[0] != "forked":
             raise ZygoteError("the zygote did not fork a worker")
+        self.forked.add(reply[1])
         return reply[1]
+
+    @property
+    def idle(self) -> bool:
+        """No worker of this zygote is alive (closing it then takes none with it)."""
+        self.pump()
+        return self.forked <= set(self.exited)
 
     def exitcode(self, pid: int, timeout: float = 0.0) -> int | None:
         """The worker's exit status once the zygote reaped it; None while it runs (or after ``timeout``)."""

@@ -53,3 +53,18 @@ def test_only_what_survives_a_fork_is_forked():
     assert forkable(RunSettings(target="neuron", warmup=("script-side",)))  # what a spawned side has, imported
     assert not forkable(RunSettings(target="neuron", warmup=("script",)))  # a whole check starts its own runs
     assert not forkable(RunSettings(target="neuron"))
+
+
+def test_a_zygote_left_idle_by_another_environment_is_closed():
+    """A long-lived run (the pytest plugin's) whose environment changes keeps one zygote, not one per change."""
+    from runner.transports import ProcessTransport
+
+    transport = ProcessTransport()
+    try:
+        for faults in ("", "raise@aten::add"):
+            handle = transport.start(RunSettings(target="neuron", warmup=("op",), env={"NEURON_VALIDATE_FAULTS": faults}))
+            assert handle.zygote is not None
+            handle.stop()
+        assert len(transport._zygotes) == 1
+    finally:
+        transport.close()
