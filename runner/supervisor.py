@@ -166,7 +166,8 @@ class Supervisor:
     def _spawn(self, job: Job | None = None, rss_limit_mb: int | None = None, *, why: str = "") -> _Slot:
         why = why or ("fresh" if self.fresh else "sides apart" if rss_limit_mb is not None else "pool")
         self.starts[why] = self.starts.get(why, 0) + 1
-        slot = _Slot(handle=self.transport.start(self._settings_for(job, rss_limit_mb)), spawned=time.monotonic())
+        started = time.monotonic()  # a zygote's preload, where this start made one, counts (runner/zygote.py)
+        slot = _Slot(handle=self.transport.start(self._settings_for(job, rss_limit_mb)), spawned=started)
         self._slots.append(slot)
         return slot
 
