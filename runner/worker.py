@@ -398,7 +398,7 @@ def die_with_parent() -> None:
 
 
 def worker_main(conn, settings: RunSettings) -> None:
-    """Entry point of a local worker process (spawned with a clean interpreter), serving a pipe."""
+    """Entry point of a local worker process (spawned, or forked from a zygote: runner/zygote.py), serving a pipe."""
     die_with_parent()
     os.setpgrp()  # its own process group: the supervisor stops the worker and anything it started together
     worker = Worker(settings, conn.send)
