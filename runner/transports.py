@@ -190,8 +190,9 @@ class ProcessTransport:
         if zygote is not None:
             try:
                 return _ProcessHandle(self._ctx, settings, zygote)
-            except ZygoteError:
-                pass  # it died since: spawn this one; the next start makes another
+            except ZygoteError:  # it died or stopped answering: spawn this one; the next start makes another
+                zygote.close()
+                self._zygotes.pop(environment_key(settings), None)
         return _ProcessHandle(self._ctx, settings)
 
     def wait(self, handles: list[_ProcessHandle], timeout: float) -> None:
