@@ -134,7 +134,10 @@ class _ProcessHandle:
             self.process.join(timeout=1)
             self.gone = True
             code = self.process.exitcode
-            replies.append(Death(signal_name(code), {"exitcode": code, "signal": signal_name(code)}))
+            if getattr(self.process, "orphaned", False):  # its zygote died and took it along: not its case's doing
+                replies.append(Death("zygote died", {"exitcode": None}, lost="the zygote it was forked from died"))
+            else:
+                replies.append(Death(signal_name(code), {"exitcode": code, "signal": signal_name(code)}))
         return replies
 
     def rss_mb(self) -> float:
@@ -166,6 +169,7 @@ class ProcessTransport:
     def __init__(self) -> None:
         self._ctx = mp.get_context("spawn")
         self._zygotes: dict[tuple, Zygote | None] = {}  # by environment; None: it could not preload
+        self._retired: list[Zygote] = []  # replaced while workers of theirs may still run: closed at the end
 
     def _zygote(self, settings: RunSettings) -> Zygote | None:
         if not forkable(settings):
@@ -191,8 +195,7 @@ class ProcessTransport:
             try:
                 return _ProcessHandle(self._ctx, settings, zygote)
             except ZygoteError:  # it died or stopped answering: spawn this one; the next start makes another
-                zygote.close()
-                self._zygotes.pop(environment_key(settings), None)
+                self._retired.append(self._zygotes.pop(environment_key(settings)))  # its workers run on
         return _ProcessHandle(self._ctx, settings)
 
     def wait(self, handles: list[_ProcessHandle], timeout: float) -> None:
@@ -207,10 +210,11 @@ class ProcessTransport:
              + [z.conn for z in zygotes.values()], timeout=timeout)
 
     def close(self) -> None:
-        for zygote in self._zygotes.values():
+        for zygote in [*self._zygotes.values(), *self._retired]:
             if zygote is not None:
                 zygote.close()
         self._zygotes.clear()
+        self._retired.clear()
 
 
 # ---------------------------------------------------------------- Ray actors

@@ -153,6 +153,11 @@ class ForkedProcess:
     def is_alive(self) -> bool:
         return self.exitcode is None
 
+    @property
+    def orphaned(self) -> bool:
+        """It died with its zygote (PR_SET_PDEATHSIG), whose death the supervisor must not charge to a case."""
+        return self.pid not in self.zygote.exited and not self.zygote.alive
+
     def join(self, timeout: float | None = None) -> None:
         self.zygote.exitcode(self.pid, timeout=READY_TIMEOUT_S if timeout is None else timeout)
 

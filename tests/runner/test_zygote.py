@@ -68,3 +68,29 @@ def test_a_zygote_left_idle_by_another_environment_is_closed():
         assert len(transport._zygotes) == 1
     finally:
         transport.close()
+
+
+def test_a_worker_killed_with_its_zygote_is_lost_not_a_crash():
+    """A zygote killed from outside (an OOM killer) takes its workers along: the supervisor must rerun their
+    cases, never charge a SIGKILL to them."""
+    import signal
+    import time
+
+    from runner.transports import Death, ProcessTransport
+
+    transport = ProcessTransport()
+    try:
+        handle = transport.start(RunSettings(target="neuron", warmup=("op",)))
+        deadline = time.monotonic() + 120
+        while not any(r[0] == "ready" for r in handle.receive() if isinstance(r, tuple)):
+            assert time.monotonic() < deadline, "the forked worker never became ready"
+            time.sleep(0.05)
+        os.kill(handle.zygote.process.pid, signal.SIGKILL)
+        deaths: list = []
+        while not deaths:
+            assert time.monotonic() < deadline, "the worker's death was never reported"
+            deaths = [r for r in handle.receive() if isinstance(r, Death)]
+            time.sleep(0.05)
+        assert deaths[0].lost and "zygote" in deaths[0].lost, deaths
+    finally:
+        transport.close()
