@@ -13,9 +13,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .common import EXIT_FINDINGS, EXIT_OK, UsageError, add_target_options, resolve_targets
+
+if TYPE_CHECKING:
+    from conformance.target import Target
 
 DEFAULT_RESULTS = "runs"
 SELECTION_KEY = "selection"  # the build manifest's record of the cases selected (see selection())
@@ -71,9 +74,9 @@ def _settings(args, *, timeout: float, build: str, warmup: tuple[str, ...] = (),
 class RunPlan:
     """The run's own options, checked: the targets resolved and the shard parsed."""
 
-    reference: Any
-    target: Any
-    shard: Any = None
+    reference: Target
+    target: Target
+    shard: tuple[int, int] | None = None  # (i, N): shard i of N
 
 
 def plan_run(args) -> RunPlan:
