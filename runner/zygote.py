@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import sys
 import time
 import traceback
@@ -163,7 +164,7 @@ class ForkedProcess:
 
     def kill(self) -> None:
         try:
-            os.kill(self.pid, 9)
+            os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
@@ -204,18 +205,21 @@ class Zygote:
                 message = self.conn.recv()
             except (EOFError, OSError):
                 return None
-            if message[0] == "exited":
-                self.exited[message[1]] = message[2]
-            else:
+            if not self._recorded(message):
                 return message
+
+    def _recorded(self, message) -> bool:
+        """Records an exit status; False for any other message."""
+        if message[0] != "exited":
+            return False
+        self.exited[message[1]] = message[2]
+        return True
 
     def pump(self) -> None:
         """Records the exit statuses the zygote has sent."""
         try:
             while self.conn.poll():
-                message = self.conn.recv()
-                if message[0] == "exited":
-                    self.exited[message[1]] = message[2]
+                self._recorded(self.conn.recv())
         except (EOFError, OSError):
             pass
 
