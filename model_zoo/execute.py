@@ -39,7 +39,7 @@ from diff.replay import replay_ops
 from diff.sides import run_model
 from diff.tolerances import TolerancePolicy
 from runner.executors import Executor
-from runner.worker import allocation_failure, return_freed_memory
+from runner.worker import REFERENCE_SHARE_MB, allocation_failure, peak_growth, return_freed_memory
 
 from .built import left_behind_by_to
 
@@ -260,6 +260,11 @@ def verdict_outcome(case: Case, verdict, precision, side: TargetRun, expected: d
     return outcome(Status.PASS, f"all {result.leaves} compared tensors match")
 
 
+def model_bytes(model: torch.nn.Module) -> int:
+    """The bytes a model's parameters and buffers hold, as built."""
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
 def reference_floor_mb(built, config) -> float:
     """MiB the CPU reference cannot do without: the model's parameters and buffers (at the run's dtype where it
     is narrower) and, when it trains, a gradient for each trainable parameter. Activations, optimizer state
@@ -322,9 +327,15 @@ def judge_built(case: Case, config, built, ctx, *, timings: dict, replay: bool =
     side = run_target(built, config, target)
     timings["target"] = time.perf_counter() - t0
 
+    overran = side.error is not None and allocation_failure(f"{type(side.error).__name__}: {side.error}")
+    if overran:  # what the target held (its frames keep its model copy) goes back to the OS: the reference's
+        traceback.clear_frames(side.error.__traceback__)  # growth is then its own
+        return_freed_memory(0)
+    model_mb = model_bytes(built.model) / 2**20
     t0 = time.perf_counter()
     try:
-        expected, cached = run_reference(case, built, config, ctx)
+        with peak_growth() as grown:
+            expected, cached = run_reference(case, built, config, ctx)
     except Exception as exc:  # noqa: BLE001
         return Outcome(case_id=case.id, status=Status.SKIP, message=f"fails on the reference: {one_line(exc)}",
                        evidence={"error": traceback.format_exc(), REFERENCE_RAISED: one_line(exc)},
@@ -333,6 +344,10 @@ def judge_built(case: Case, config, built, ctx, *, timings: dict, replay: bool =
     del built
 
     evidence: dict[str, Any] = {"config": str(config)}
+    if overran and grown() is not None:
+        # The target overran the cap; the reference then ran to the end beside what was left: it fits alone, and
+        # its share (the model it trains in place, and what it grew by) is known without a probe (runner.worker).
+        evidence[REFERENCE_SHARE_MB] = model_mb + grown()
     side.host.record(evidence)
     if side.peak_memory is not None:
         evidence["peak_device_memory_bytes"] = side.peak_memory

@@ -27,7 +27,9 @@ process per case):
   keeps the whole cap; only an overrun there is charged to the backend. So
   does a capped worker that died of a fault signal (a library that does not
   check an allocation segfaults under the cap): only dying again apart is a
-  ``crash``;
+  ``crash``. Where the target overran and the reference then ran to the end
+  in the same worker, the executor measured the reference's share there
+  (``runner.worker.REFERENCE_SHARE_MB``) and the probe is skipped;
 - **a reference that raises in a used worker**: a case whose CPU reference raised
   (``evidence["reference_raised"]``) in a long-lived worker that had run other
   cases runs again in a fresh worker, and that worker is retired: a library
@@ -66,7 +68,7 @@ from conformance.settings import RunSettings
 from results.store import RETRIES_KEY  # evidence: [{"node", "reason", "during", "kind"}], the harness's retries
 
 from .transports import Death, Transport, TransportError, make_transport
-from .worker import CRASH_DIR_ENV, RECYCLE_FRACTION
+from .worker import CRASH_DIR_ENV, RECYCLE_FRACTION, REFERENCE_SHARE_MB
 
 POLL_S = 0.25
 WORKER_START_TIMEOUT_S = 300.0
@@ -394,8 +396,12 @@ class Supervisor:
                 followups.appendleft((job, None, "fresh"))
                 return
             if outcome.evidence.get("memory_cap"):
-                self._failed(job, outcome, followups)
                 self._finish(slot, keep=False)  # the allocator is left fragmented: a fresh worker is cheaper
+                share = outcome.evidence.get(REFERENCE_SHARE_MB)
+                if share is not None:  # the reference ran to the end beside the overrun: it fits alone
+                    self._go_apart(job, outcome, share, "measured in the shared run", followups)
+                    return  # the worker with the sides apart takes this one's place
+                self._failed(job, outcome, followups)
                 if not self.fresh:
                     self._spawn(why="over the memory cap")
                 return
@@ -415,12 +421,8 @@ class Supervisor:
                 yield job, reference_at_fault(outcome, "exceeds the memory cap")
             elif (outcome.evidence.get("memory_cap") or outcome.evidence.get("died_under_cap")) \
                     and "sides_apart" not in outcome.evidence:
-                # Both sides shared one cap and the reference alone fits: the target gets the cap to itself.
-                share = self.settings.rss_limit_mb if reference_mb is None else int(reference_mb * 1.25) + 64
-                outcome.evidence["sides_apart"] = {"reference_mb": reference_mb,
-                                                   "rss_limit_mb": self.settings.rss_limit_mb + share}
                 self._finish(slot)
-                followups.appendleft((job, outcome, "apart"))
+                self._go_apart(job, outcome, reference_mb, "probed alone", followups)
             elif self.settings.artifacts_dir and not outcome.repro:
                 self._assign(slot, job, "repro", outcome)
             else:
@@ -433,6 +435,15 @@ class Supervisor:
                 outcome.evidence["repro_error"] = reply[2]
             self._finish(slot)
             yield job, outcome
+
+    def _go_apart(self, job: Job, outcome: Outcome, reference_mb: float | None, how: str, followups: deque) -> None:
+        """Both sides shared one cap and the reference alone fits: the case runs again in a worker given the
+        reference's share on top of the cap (the whole cap again where the share is unknown), so the target
+        keeps the cap to itself."""
+        share = self.settings.rss_limit_mb if reference_mb is None else int(reference_mb * 1.25) + 64
+        outcome.evidence["sides_apart"] = {"reference_mb": reference_mb, "reference_measured": how,
+                                           "rss_limit_mb": self.settings.rss_limit_mb + share}
+        followups.appendleft((job, outcome, "apart"))
 
     def _apart_done(self, slot: _Slot, outcome: Outcome, followups: deque) -> Iterator[tuple[Job, Outcome]]:
         """The case ran again with the reference's share on top of the cap (see _start_apart)."""

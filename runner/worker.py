@@ -156,14 +156,23 @@ def _refusal(error: str) -> str:
     return error.strip().splitlines()[0][:200] if error.strip() else "an allocation was refused"
 
 
-def memory_outcome(case_id: str, settings: RunSettings, error: str, duration_s: float = 0.0) -> Outcome:
+# Evidence an executor leaves on a case whose target overran the memory cap while its CPU reference then ran to
+# the end in the same worker: the reference's own share of memory (MiB). The reference is then known to fit
+# alone, and the supervisor runs the sides apart at once, without a probe of the reference (supervisor.py).
+REFERENCE_SHARE_MB = "reference_share_mb"
+
+
+def memory_outcome(case_id: str, settings: RunSettings, error: str, duration_s: float = 0.0,
+                   reference_share_mb: float | None = None) -> Outcome:
     """The one outcome of a case that needed more memory than the cap."""
     first = _refusal(error)
+    evidence = {"memory_cap": True, "rss_limit_mb": settings.rss_limit_mb,
+                "peak_rss_mb": round(_peak_rss_mb(), 1), "error": error[:2000]}
+    if reference_share_mb is not None:
+        evidence[REFERENCE_SHARE_MB] = round(reference_share_mb, 1)
     return Outcome(case_id=case_id, status=Status.CRASH,
                    message=f"exceeded the memory cap of {settings.rss_limit_mb} MiB: {first}",
-                   evidence={"memory_cap": True, "rss_limit_mb": settings.rss_limit_mb,
-                             "peak_rss_mb": round(_peak_rss_mb(), 1), "error": error[:2000]},
-                   duration_s=duration_s)
+                   evidence=evidence, duration_s=duration_s)
 
 
 # ---------------------------------------------------------------- running cases
@@ -217,7 +226,8 @@ def _execute(case: Case, ctx: WorkerContext, counts: dict[str, int]) -> Outcome:
         )
     if ctx.settings.rss_limit_mb and outcome.status is not Status.PASS and allocation_failure(
             outcome.message + json.dumps(outcome.evidence, default=str)):
-        return memory_outcome(case.id, ctx.settings, outcome.message, time.perf_counter() - start)
+        return memory_outcome(case.id, ctx.settings, outcome.message, time.perf_counter() - start,
+                              outcome.evidence.get(REFERENCE_SHARE_MB))
     if outcome.failed and ctx.artifacts is not None and not outcome.evidence.get("harness_error"):
         try:
             outcome.repro = write_repro(case, outcome, ctx)
@@ -244,22 +254,35 @@ def probe(case: Case, ctx: WorkerContext) -> str | None:
     return None
 
 
-def reference_footprint(case: Case, ctx: WorkerContext) -> tuple[str | None, float | None]:
-    """The probe, and how much the reference side alone took above what the worker held before (MiB).
+@contextlib.contextmanager
+def peak_growth():
+    """Measures how far this process's resident size rose above where it stood on entry, at its peak (MiB).
 
-    A case over the memory cap with both sides in one worker is given a worker
-    with this much more, so that the target keeps the whole cap to itself
-    (supervisor.py). The peak comes from the kernel's high-water mark, reset
-    first (Linux ``clear_refs``); None where that cannot be done.
+    Yields a callable that returns the figure (at exit, or so far), or None where it cannot be measured. The
+    peak is the kernel's high-water mark, reset on entry (Linux ``clear_refs``).
     """
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM, the peak resident size
     except OSError:
-        return probe(case, ctx), None
+        yield lambda: None
+        return
     before = _vm_kib("VmRSS")
-    result = probe(case, ctx)
-    return result, max(0.0, (_vm_kib("VmHWM") - before) / 1024)
+    yield lambda: max(0.0, (_vm_kib("VmHWM") - before) / 1024)
+
+
+def reference_footprint(case: Case, ctx: WorkerContext) -> tuple[str | None, float | None]:
+    """The probe, and how much the reference side alone took above what the worker held before (MiB).
+
+    A case over the memory cap with both sides in one worker is given a worker
+    with this much more, so that the target keeps the whole cap to itself
+    (supervisor.py). An executor that runs the reference after the target can
+    measure that share in the shared run itself (:data:`REFERENCE_SHARE_MB`),
+    and the probe is skipped.
+    """
+    with peak_growth() as grown:
+        result = probe(case, ctx)
+    return result, grown()
 
 
 def write_repro(case: Case, outcome: Outcome, ctx: WorkerContext) -> str | None:

@@ -88,6 +88,50 @@ def test_a_worker_that_segfaults_under_the_shared_cap_runs_again_with_the_sides_
     assert outcome.repro and Path(outcome.repro).is_file(), "a replacement worker wrote its reproducer"
 
 
+def test_a_target_over_the_shared_cap_goes_apart_without_probing_the_reference(tmp_path):
+    """A model case whose target kernel asks for more memory than the shared cap leaves: the target runs first,
+    overruns, and its CPU reference then runs to the end in the same worker. That run shows the reference fits
+    alone and measures its share, so the case runs again with the sides apart at once (no probe, no worker in
+    between) and gets that run's verdict, with the retry recorded. A target that overruns even with the cap to
+    itself is still the backend's crash."""
+    import os
+
+    from model_zoo import default_config
+    from model_zoo.execute import model_case
+
+    mlp = model_case(default_config("robotics/gaussian_mlp", mode="eval"))
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"}
+    tight = RunSettings(target="neuron", timeout_s=300.0, warmup=("model",), rss_limit_mb=3072, env=env,
+                        artifacts_dir=str(tmp_path / "artifacts"),
+                        backend_modules=("tests.fixtures.overruns_under_tight_cap",))
+    with Supervisor(tight, persistent=True) as supervisor:
+        (outcome,) = supervisor.run([mlp])
+        assert outcome.status is Status.PASS, outcome.message  # OVERRUN_BELOW_BYTES unset: the device's own tanh
+        limit = supervisor.workers()[0].info["memory_limit_bytes"]
+
+    tight = replace(tight, env={**env, "OVERRUN_BELOW_BYTES": str(limit + (16 << 20))})
+    with Supervisor(tight) as supervisor:
+        (outcome,) = supervisor.run([mlp])
+    assert outcome.status is Status.PASS, outcome.message
+    (retry,) = outcome.evidence["infra_retries"]
+    assert retry["kind"] == "memory" and "shared by the reference and the target" in retry["reason"], retry
+    apart = outcome.evidence["sides_apart"]
+    assert apart["reference_measured"] == "measured in the shared run" and apart["reference_mb"] > 0, apart
+    assert apart["rss_limit_mb"] >= 3072 + 64 and "exceeded the memory cap of 3072 MiB" in apart["first"], apart
+    assert supervisor.starts.get("over the memory cap", 0) == 0 and supervisor.starts["sides apart"] == 1, \
+        supervisor.starts
+
+    always = replace(tight, env={**env, "OVERRUN_BELOW_BYTES": str(1 << 62)})
+    with Supervisor(always) as supervisor:
+        (outcome,) = supervisor.run([mlp])
+    assert outcome.status is Status.CRASH and outcome.message.startswith("exceeded the memory cap of 3072 MiB"), \
+        outcome.message
+    assert outcome.evidence["sides_apart"]["message"].startswith("exceeded the memory cap of"), outcome.evidence
+    assert "infra_retries" not in outcome.evidence
+    assert outcome.repro and Path(outcome.repro).is_file(), "a pool worker wrote its reproducer"
+
+
 def test_a_cap_below_the_worker_itself_is_refused_in_one_line(tmp_path):
     from runner.supervisor import TransportError
 
