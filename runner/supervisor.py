@@ -165,10 +165,12 @@ class Supervisor:
         return replace(self.settings, env=env, warmup=warmup,
                        rss_limit_mb=self.settings.rss_limit_mb if rss_limit_mb is None else rss_limit_mb)
 
-    def _spawn(self, job: Job | None = None, rss_limit_mb: int | None = None, *, why: str = "") -> _Slot:
+    def _spawn(self, job: Job | None = None, rss_limit_mb: int | None = None, *, why: str = "",
+               since: float | None = None) -> _Slot:
+        """A worker started for ``job`` (or the pool); ``since``: when its start began (its zygote prepared)."""
         why = why or ("fresh" if self.fresh else "sides apart" if rss_limit_mb is not None else "pool")
         self.starts[why] = self.starts.get(why, 0) + 1
-        started = time.monotonic()  # a zygote's preload, where this start made one, counts (runner/zygote.py)
+        started = since or time.monotonic()  # a zygote's preload, where this start made one, counts (runner/zygote.py)
         slot = _Slot(handle=self.transport.start(self._settings_for(job, rss_limit_mb)), spawned=started)
         self._slots.append(slot)
         return slot
@@ -307,16 +309,22 @@ class Supervisor:
     def _start_work(self, queue: deque, followups: deque) -> None:
         self._start_dedicated(followups)
         if self.fresh:
-            while (queue or any(f[2] not in DEDICATED for f in followups)) and len(self._slots) < self.jobs:
+            picks = []
+            while (queue or any(f[2] not in DEDICATED for f in followups)) \
+                    and len(self._slots) + len(picks) < self.jobs:
                 item = self._take_followup(followups, None)
                 if item is not None:
-                    job, outcome, verb = item
+                    picks.append(item)
                 elif queue:
                     job = self._next_job(queue)
-                    verb, outcome = ("repro", job.repro_of) if job.repro_of is not None else ("run", None)
+                    picks.append((job, job.repro_of, "repro") if job.repro_of is not None else (job, None, "run"))
                 else:
                     break
-                slot = self._spawn(job)
+            since = time.monotonic()
+            if len(picks) > 1:  # jobs of several environments (a check's two sides): their zygotes preload together
+                self.transport.prepare([self._settings_for(job) for job, _, _ in picks])
+            for job, outcome, verb in picks:
+                slot = self._spawn(job, since=since)
                 slot.job, slot.verb, slot.outcome = job, verb, outcome  # sent once the worker is ready
             return
         idle = sum(1 for s in self._slots if s.job is None)

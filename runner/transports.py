@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from conformance.settings import RunSettings
 
-from .zygote import ForkedProcess, Zygote, ZygoteError, environment_key, forkable
+from .zygote import ZYGOTES, ForkedProcess, Zygote, ZygotePool, ZygoteError, forkable
 
 
 class TransportError(RuntimeError):
@@ -87,6 +87,7 @@ class Handle(Protocol):
 class Transport(Protocol):
     name: str
 
+    def prepare(self, settings: list[RunSettings]) -> None: ...  # workers of these settings start next
     def start(self, settings: RunSettings) -> Handle: ...
     def wait(self, handles: list[Handle], timeout: float) -> None:  # until one may have something, or timeout
         ...
@@ -166,36 +167,21 @@ class ProcessTransport:
 
     name = "local"
 
-    def __init__(self) -> None:
+    def __init__(self, zygotes: ZygotePool = ZYGOTES) -> None:
         self._ctx = mp.get_context("spawn")
-        self._zygotes: dict[tuple, Zygote | None] = {}  # by environment; None: it could not preload
-        self._retired: list[Zygote] = []  # replaced while workers of theirs may still run: closed at the end
+        self.zygotes = zygotes  # the process's, shared with its other transports
 
-    def _zygote(self, settings: RunSettings) -> Zygote | None:
-        if not forkable(settings):
-            return None
-        key = environment_key(settings)
-        zygote = self._zygotes.get(key)
-        if key in self._zygotes and (zygote is None or zygote.alive):
-            return zygote
-        for other, old in list(self._zygotes.items()):  # another environment now: a zygote left idle goes
-            if old is not None and old.idle:
-                old.close()
-                del self._zygotes[other]
-        try:
-            zygote = Zygote(self._ctx, settings)
-        except ZygoteError:
-            zygote = None  # a spawned worker reports what stopped it, in its own words
-        self._zygotes[key] = zygote
-        return zygote
+    def prepare(self, settings: list[RunSettings]) -> None:
+        """Workers of these settings are about to start: their zygotes preload side by side."""
+        self.zygotes.prepare(self._ctx, [s for s in settings if forkable(s)])
 
     def start(self, settings: RunSettings) -> _ProcessHandle:
-        zygote = self._zygote(settings)
+        zygote = self.zygotes.get(self._ctx, settings) if forkable(settings) else None
         if zygote is not None:
             try:
                 return _ProcessHandle(self._ctx, settings, zygote)
             except ZygoteError:  # it died or stopped answering: spawn this one; the next start makes another
-                self._retired.append(self._zygotes.pop(environment_key(settings)))  # its workers run on
+                self.zygotes.retire(settings)
         return _ProcessHandle(self._ctx, settings)
 
     def wait(self, handles: list[_ProcessHandle], timeout: float) -> None:
@@ -210,11 +196,7 @@ class ProcessTransport:
              + [z.conn for z in zygotes.values()], timeout=timeout)
 
     def close(self) -> None:
-        for zygote in [*self._zygotes.values(), *self._retired]:
-            if zygote is not None:
-                zygote.close()
-        self._zygotes.clear()
-        self._retired.clear()
+        """Nothing of its own to close: the zygotes are the process's (:class:`ZygotePool`)."""
 
 
 # ---------------------------------------------------------------- Ray actors
@@ -482,6 +464,9 @@ class RayTransport:
         if offered.get(NEURON_RESOURCE, 0) >= 1:
             return {"num_cpus": 1, "resources": {NEURON_RESOURCE: 1}}
         return {"num_cpus": 1}
+
+    def prepare(self, settings: list[RunSettings]) -> None:
+        """Nothing to prepare: an actor starts with its own interpreter on its node."""
 
     def start(self, settings: RunSettings) -> _RayHandle:
         ray = self.connect()

@@ -20,29 +20,36 @@ target, no backend module named (a real device's runtime may not survive a
 fork), and operator, model and user-script-side cases. A script's side gets
 what a spawned side had when its script started: torch and the harness
 imported, with that side's environment (the CPU side's turns the device
-backends' autoload off, so it has its own zygote). One thing differs:
-workers forked from one zygote (the perturbed reference runs of one check)
-start with the same state of Python's and NumPy's global random generators,
-where spawned ones drew theirs from the OS. The harness seeds torch itself
-and never relied on those differing; the target and the reference side come
-from different zygotes, as before from different processes.
+backends' autoload off, so it has its own zygote). Each forked worker seeds
+Python's and NumPy's global generators from the OS, as a new interpreter
+does: a script that draws from them unseeded sees other numbers in each
+side and each run, as it did when every side was spawned.
 
-Requests on the zygote's pipe:  (worker_pipe, settings) -> ("forked", pid);
+Zygotes belong to the process (:class:`ZygotePool`), not to one run: a
+check's second supervisor (its perturbed runs), a test session's next run
+with the same environment, fork from the zygote the first one started.
+
+Requests on the zygote's pipe:  (worker_pipe, settings, runtime_env) -> ("forked", pid);
 None -> exit.  Unprompted: ("exited", pid, exitcode) for each child reaped,
 exitcode as ``multiprocessing.Process.exitcode`` gives it (-N: signal N).
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
+from collections import OrderedDict
 from multiprocessing.connection import wait
 
-from conformance.settings import RunSettings
+from conformance.settings import COMPILE_CACHE_ENV, RunSettings
+
+from .worker import CRASH_DIR_ENV
 
 FORKABLE_KINDS = frozenset({"op", "model", "script-side"})
 READY_TIMEOUT_S = 300.0
@@ -61,13 +68,22 @@ def forkable(settings: RunSettings) -> bool:
     return device == "neuron" and importlib.util.find_spec("torch_neuronx") is None  # the emulated device
 
 
-VOLATILE_ENV = frozenset({"PYTEST_CURRENT_TEST"})  # changes while a persistent run's workers come and go
+# Variables read only while cases run, never while modules are imported: a zygote is shared across their values,
+# and each forked worker gets them as a spawned one would (the supervisor's at the fork, then its run's own).
+# The compile cache names a build's folder (a test session makes one per test), the crash folder a supervisor's,
+# pytest's variable the test.
+RUNTIME_ENV = frozenset({"PYTEST_CURRENT_TEST", COMPILE_CACHE_ENV, CRASH_DIR_ENV})
+KEEP_IDLE = 2  # idle zygotes a process keeps for its next runs (each holds torch and the libraries: ~0.7 GB)
 
 
 def environment_key(settings: RunSettings) -> tuple:
     """Workers whose environment and warm-up match share one zygote (it imported torch with that environment)."""
-    env = {k: v for k, v in {**os.environ, **settings.worker_env()}.items() if k not in VOLATILE_ENV}
+    env = {k: v for k, v in {**os.environ, **settings.worker_env()}.items() if k not in RUNTIME_ENV}
     return tuple(sorted(env.items())), tuple(sorted(settings.warmup))
+
+
+def _runtime_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in RUNTIME_ENV if k in os.environ}
 
 
 # ---------------------------------------------------------------- the zygote process
@@ -76,6 +92,8 @@ def zygote_main(conn, settings: RunSettings) -> None:
 
     die_with_parent()
     os.environ.update(settings.worker_env())
+    for name in RUNTIME_ENV:  # each worker gets its own (see _become_worker)
+        os.environ.pop(name, None)
     try:
         importlib.import_module("torch")  # with its device backends (the emulator's autoload)
         from .executors import executor_for
@@ -96,9 +114,10 @@ def zygote_main(conn, settings: RunSettings) -> None:
                 os._exit(0)
             if request is None:
                 os._exit(0)  # nothing to finalise: it only imported
-            worker_pipe, worker_settings = request
+            worker_pipe, worker_settings, runtime_env = request
             pid = os.fork()
             if pid == 0:
+                os.environ.update(runtime_env)
                 _become_worker(conn, worker_pipe, worker_settings)
             worker_pipe.close()
             conn.send(("forked", pid))
@@ -112,6 +131,7 @@ def _become_worker(zygote_conn, worker_pipe, settings: RunSettings) -> None:
     code = 0
     try:
         zygote_conn.close()
+        _reseed_global_generators()
         worker_main(worker_pipe, settings)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
@@ -125,6 +145,17 @@ def _become_worker(zygote_conn, worker_pipe, settings: RunSettings) -> None:
             except Exception:  # noqa: BLE001
                 pass
         os._exit(code)
+
+
+def _reseed_global_generators() -> None:
+    """Python's and NumPy's global generators from the OS, as a new interpreter seeds them (a fork copies the
+    zygote's). torch's default generator starts from its fixed default seed either way."""
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def _reap(conn) -> None:
@@ -185,10 +216,21 @@ class Zygote:
         child.close()
         self.exited: dict[int, int] = {}
         self.forked: set[int] = set()
-        reply = self._next(READY_TIMEOUT_S)
-        if not reply or reply[0] != "ready":
-            self.close()
-            raise ZygoteError(reply[1] if reply and reply[0] == "fatal" else "the zygote did not start")
+        self.ready = False
+        # Its pipe is read by whichever run asks: runs in several threads of one process (zygotes are the
+        # process's) must not take each other's replies.
+        self._lock = threading.RLock()
+
+    def wait_ready(self) -> None:
+        """Waits for its preload; ZygoteError (and the zygote closed) where it failed."""
+        with self._lock:
+            if self.ready:
+                return
+            reply = self._next(READY_TIMEOUT_S)
+            if not reply or reply[0] != "ready":
+                self.close()
+                raise ZygoteError(reply[1] if reply and reply[0] == "fatal" else "the zygote did not start")
+            self.ready = True
 
     @property
     def alive(self) -> bool:
@@ -217,19 +259,21 @@ class Zygote:
 
     def pump(self) -> None:
         """Records the exit statuses the zygote has sent."""
-        try:
-            while self.conn.poll():
-                self._recorded(self.conn.recv())
-        except (EOFError, OSError):
-            pass
+        with self._lock:
+            try:
+                while self.conn.poll():
+                    self._recorded(self.conn.recv())
+            except (EOFError, OSError):
+                pass
 
     def fork(self, worker_pipe, settings: RunSettings) -> int:
-        self.conn.send((worker_pipe, settings))
-        reply = self._next(30.0)
-        if not reply or reply[0] != "forked":
-            raise ZygoteError("the zygote did not fork a worker")
-        self.forked.add(reply[1])
-        return reply[1]
+        with self._lock:
+            self.conn.send((worker_pipe, settings, _runtime_env()))
+            reply = self._next(30.0)
+            if not reply or reply[0] != "forked":
+                raise ZygoteError("the zygote did not fork a worker")
+            self.forked.add(reply[1])
+            return reply[1]
 
     @property
     def idle(self) -> bool:
@@ -261,3 +305,83 @@ class Zygote:
             self.process.kill()
             self.process.join(timeout=5)
         self.conn.close()
+
+
+class ZygotePool:
+    """This process's zygotes by environment, shared by every local transport: a migration check's several
+    supervisors (its sides, then its perturbed runs), a test session's runs, the pytest plugin's run.
+
+    A zygote with live workers is never closed; of the idle ones, the ``keep_idle`` used last are kept and
+    the others closed (a long-lived process whose environment changes case after case keeps a few, not one
+    per change). All close when the process exits; they would die with it anyway (PR_SET_PDEATHSIG).
+    """
+
+    def __init__(self, keep_idle: int = KEEP_IDLE) -> None:
+        self.keep_idle = keep_idle
+        self.preloads = 0  # zygotes started: each is one import of torch and the warm-ups
+        self._zygotes: OrderedDict[tuple, Zygote | None] = OrderedDict()  # None: it could not preload
+        self._retired: list[Zygote] = []  # failed to fork while workers of theirs may still run
+        self._lock = threading.Lock()
+
+    def get(self, ctx, settings: RunSettings) -> Zygote | None:
+        """The zygote for these settings, ready, started if there is none; None where it cannot preload (the
+        transport then spawns, and the worker reports what stopped it in its own words)."""
+        with self._lock:
+            zygote = self._started(ctx, settings)
+            if zygote is not None:
+                try:
+                    zygote.wait_ready()
+                except ZygoteError:
+                    self._zygotes[environment_key(settings)] = zygote = None
+            self._trim()
+            return zygote
+
+    def prepare(self, ctx, settings: list[RunSettings]) -> None:
+        """Starts the zygotes these settings need, all at once: their preloads overlap (a check's two sides
+        have two environments), where one :meth:`get` after another would wait for each in turn."""
+        with self._lock:
+            for one in settings:
+                self._started(ctx, one)
+
+    def _started(self, ctx, settings: RunSettings) -> Zygote | None:
+        key = environment_key(settings)
+        zygote = self._zygotes.get(key)
+        if key in self._zygotes and (zygote is None or zygote.alive):
+            self._zygotes.move_to_end(key)
+            return zygote
+        zygote = Zygote(ctx, settings)
+        self.preloads += 1
+        self._zygotes[key] = zygote
+        return zygote
+
+    def retire(self, settings: RunSettings) -> None:
+        """The zygote for these settings failed to fork: the next start makes another; its workers run on."""
+        with self._lock:
+            zygote = self._zygotes.pop(environment_key(settings), None)
+            if zygote is not None:
+                self._retired.append(zygote)
+
+    def _trim(self) -> None:
+        idle = [key for key, z in self._zygotes.items()  # used longest ago first
+                if z is not None and z.ready and z.idle]
+        for key in idle[:max(0, len(idle) - self.keep_idle)]:
+            self._zygotes.pop(key).close()
+        for zygote in [z for z in self._retired if z.idle]:
+            zygote.close()
+            self._retired.remove(zygote)
+
+    def held(self) -> int:
+        """Zygotes kept now (retired ones included)."""
+        return sum(z is not None for z in self._zygotes.values()) + len(self._retired)
+
+    def close(self) -> None:
+        with self._lock:
+            for zygote in [*self._zygotes.values(), *self._retired]:
+                if zygote is not None:
+                    zygote.close()
+            self._zygotes.clear()
+            self._retired.clear()
+
+
+ZYGOTES = ZygotePool()
+atexit.register(ZYGOTES.close)  # before multiprocessing's own exit handler, which would wait for them

@@ -8,7 +8,7 @@ from conformance.outcome import Status
 from conformance.settings import RunSettings
 from op_tests.sources import OpSelection, op_cases
 from runner.supervisor import Supervisor
-from runner.zygote import forkable
+from runner.zygote import ZygotePool, forkable
 
 
 def _cases():
@@ -55,19 +55,41 @@ def test_only_what_survives_a_fork_is_forked():
     assert not forkable(RunSettings(target="neuron"))
 
 
-def test_a_zygote_left_idle_by_another_environment_is_closed():
-    """A long-lived run (the pytest plugin's) whose environment changes keeps one zygote, not one per change."""
+def test_a_long_lived_process_keeps_a_few_idle_zygotes_not_one_per_environment():
+    """A long-lived run (the pytest plugin's) whose environment changes keeps its last ``keep_idle`` zygotes."""
     from runner.transports import ProcessTransport
 
-    transport = ProcessTransport()
+    pool = ZygotePool(keep_idle=1)
+    transport = ProcessTransport(zygotes=pool)
     try:
         for faults in ("", "raise@aten::add"):
             handle = transport.start(RunSettings(target="neuron", warmup=("op",), env={"NEURON_VALIDATE_FAULTS": faults}))
             assert handle.zygote is not None
             handle.stop()
-        assert len(transport._zygotes) == 1
+        assert pool.preloads == 2 and pool.held() == 1
     finally:
-        transport.close()
+        pool.close()
+
+
+def test_runs_in_one_process_share_a_zygote_and_each_worker_has_its_own_builds_compile_cache(tmp_path):
+    """A migration check's supervisors, or a test session's runs, fork from one zygote where only what is read
+    while cases run differs (here the compile cache, one folder per build). Each worker still gets its own
+    run's value, as a spawned one would: a second build compiles again, and a run with no build folder
+    inherits none from the zygote."""
+    from runner.zygote import ZYGOTES
+
+    (tanh,) = [c for c in _cases() if c.name == "tanh"]
+    env = {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact:compile_seconds_per_graph=0.01"}
+    compiled, preloads = [], ZYGOTES.preloads
+    for artifacts in (tmp_path / "build-1", tmp_path / "build-1", tmp_path / "build-2", None):
+        settings = RunSettings(target="neuron:compile", timeout_s=300, warmup=("op",), env=env,
+                               artifacts_dir=str(artifacts) if artifacts else None)
+        with Supervisor(settings, jobs=1) as supervisor:
+            outcome = supervisor.run_one(tanh)
+        assert outcome.status is Status.PASS, outcome.message
+        compiled.append(outcome.evidence["compile"]["compiler"]["compiled"])
+    assert compiled == [1, 0, 1, 1], "reused within a build only, and a run without a build folder keeps none"
+    assert ZYGOTES.preloads - preloads <= 1, "the four runs forked from one zygote"
 
 
 def test_a_worker_killed_with_its_zygote_is_lost_not_a_crash():
@@ -78,7 +100,8 @@ def test_a_worker_killed_with_its_zygote_is_lost_not_a_crash():
 
     from runner.transports import Death, ProcessTransport
 
-    transport = ProcessTransport()
+    pool = ZygotePool()
+    transport = ProcessTransport(zygotes=pool)
     try:
         handle = transport.start(RunSettings(target="neuron", warmup=("op",)))
         deadline = time.monotonic() + 120
@@ -93,4 +116,4 @@ def test_a_worker_killed_with_its_zygote_is_lost_not_a_crash():
             time.sleep(0.05)
         assert deaths[0].lost and "zygote" in deaths[0].lost, deaths
     finally:
-        transport.close()
+        pool.close()

@@ -122,3 +122,38 @@ def test_a_random_kernel_that_raises_on_the_device_is_the_targets_failure(valida
     assert run.report["verdict"] == "not ready", run.stdout
     (fails,) = [f for f in run.findings("random-stream", "error") if f["subject"] == "fails"]
     assert "injected fault" in fails["title"] and not run.findings("harness")
+
+
+def test_sides_forked_from_one_zygote_draw_other_unseeded_python_and_numpy_numbers(tmp_path):
+    """Two CPU sides of one check fork from one zygote (runner/zygote.py). A script that draws from Python's and
+    NumPy's global generators without seeding them must see other numbers in each, as spawned sides did: the
+    fork reseeds both from the OS."""
+    from conformance.case import Case
+    from conformance.outcome import Status
+    from conformance.settings import RunSettings
+    from runner.supervisor import Job, Supervisor
+    from validate.common import ChildSpec
+    from validate.run import CPU_SIDE_ENV
+
+    script = tmp_path / "draws.py"
+    script.write_text(textwrap.dedent("""\
+        import random
+        import numpy
+        import torch
+        print("draws", random.random(), numpy.random.rand())
+        model = torch.nn.Linear(4, 1)
+        loss = model(torch.ones(2, 4)).sum()
+        loss.backward()
+        """))
+    jobs = []
+    for label in ("perturbed-0", "perturbed-1"):
+        spec = ChildSpec(script=str(script), convention="training", side="reference", target="neuron",
+                         reference="cpu", out=str(tmp_path / label))
+        jobs.append(Job(case=Case(kind="script-side", name=str(script), mode=label, config=spec.to_config()),
+                        env=CPU_SIDE_ENV))
+    with Supervisor(RunSettings(target="neuron", timeout_s=300), jobs=2, fresh=True) as supervisor:
+        outcomes = [outcome for _, outcome in supervisor.run_jobs(jobs)]
+    assert all(o.status is Status.PASS for o in outcomes), [o.message for o in outcomes]
+    draws = [next(line for line in (tmp_path / label / "stdout.txt").read_text().splitlines()
+                  if line.startswith("draws")) for label in ("perturbed-0", "perturbed-1")]
+    assert draws[0] != draws[1], draws
