@@ -39,7 +39,8 @@ from diff.replay import replay_ops
 from diff.sides import run_model
 from diff.tolerances import TolerancePolicy
 from runner.executors import Executor
-from runner.worker import REFERENCE_SHARE_MB, allocation_failure, peak_growth, return_freed_memory
+from runner.worker import (REFERENCE_SHARE_MB, allocation_failure, memory_allowance, peak_growth,
+                           return_freed_memory)
 
 from .built import left_behind_by_to
 
@@ -262,7 +263,14 @@ def verdict_outcome(case: Case, verdict, precision, side: TargetRun, expected: d
 
 def model_bytes(model: torch.nn.Module) -> int:
     """The bytes a model's parameters and buffers hold, as built."""
-    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    return tensor_bytes([*model.parameters(), *model.buffers()])
+
+
+def tensor_bytes(tree) -> int:
+    """The bytes of the tensors in a nested structure (a side's results, a batch of inputs)."""
+    from torch.utils._pytree import tree_leaves
+
+    return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
 def reference_floor_mb(built, config) -> float:
@@ -323,8 +331,13 @@ def judge_built(case: Case, config, built, ctx, *, timings: dict, replay: bool =
     under compile). Takes ``built`` over: the reference trains it in place."""
     target, reference = ctx.target, ctx.reference
 
+    # Each side gets the worker's memory cap to itself: the other side's resident share comes on top (the
+    # reference's built model while the target runs, the target's results while the reference runs).
+    allowance = {"target": model_bytes(built.model) + tensor_bytes(built.inputs)}
     t0 = time.perf_counter()
-    side = run_target(built, config, target)
+    with memory_allowance(allowance["target"]) as given:
+        side = run_target(built, config, target)
+    allowance["target"] = given
     timings["target"] = time.perf_counter() - t0
 
     overran = side.error is not None and allocation_failure(f"{type(side.error).__name__}: {side.error}")
@@ -334,7 +347,8 @@ def judge_built(case: Case, config, built, ctx, *, timings: dict, replay: bool =
     model_mb = model_bytes(built.model) / 2**20
     t0 = time.perf_counter()
     try:
-        with peak_growth() as grown:
+        with memory_allowance(tensor_bytes(side.actual)) as given, peak_growth() as grown:
+            allowance["reference"] = given
             expected, cached = run_reference(case, built, config, ctx)
     except Exception as exc:  # noqa: BLE001
         return Outcome(case_id=case.id, status=Status.SKIP, message=f"fails on the reference: {one_line(exc)}",
@@ -344,6 +358,8 @@ def judge_built(case: Case, config, built, ctx, *, timings: dict, replay: bool =
     del built
 
     evidence: dict[str, Any] = {"config": str(config)}
+    if any(allowance.values()):
+        evidence["memory_allowance_mb"] = {k: round(v / 2**20, 1) for k, v in allowance.items()}
     if overran and grown() is not None:
         # The target overran the cap; the reference then ran to the end beside what was left: it fits alone, and
         # its share (the model it trains in place, and what it grew by) is known without a probe (runner.worker).

@@ -454,7 +454,7 @@ class Supervisor:
         followups.appendleft((job, outcome, "apart"))
 
     def _apart_done(self, slot: _Slot, outcome: Outcome, followups: deque) -> Iterator[tuple[Job, Outcome]]:
-        """The case ran again with the reference's share on top of the cap (see _start_apart)."""
+        """The case ran again with the reference's share on top of the cap (see _go_apart)."""
         job, first = slot.job, slot.outcome
         apart = first.evidence["sides_apart"]
         self._finish(slot)

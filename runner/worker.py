@@ -136,6 +136,31 @@ def apply_memory_cap(limit_mb: int) -> int | None:
     return limit
 
 
+@contextlib.contextmanager
+def memory_allowance(extra_bytes: int):
+    """The worker's memory cap raised by ``extra_bytes`` inside the block, then put back.
+
+    A case that runs both sides in one worker gives one side the other side's resident share on top of the
+    cap: the target then keeps the whole cap to itself, as in a worker of its own, without the case running
+    twice (runner/supervisor.py's sides apart). Yields the bytes actually added (0: no cap, or none to add).
+    """
+    import resource
+
+    if extra_bytes <= 0 or not sys.platform.startswith("linux"):
+        yield 0
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if soft == resource.RLIM_INFINITY:
+        yield 0
+        return
+    raised = soft + extra_bytes if hard == resource.RLIM_INFINITY else min(hard, soft + extra_bytes)
+    resource.setrlimit(resource.RLIMIT_DATA, (raised, hard))
+    try:
+        yield raised - soft
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
 def allocation_failure(text: str) -> bool:
     lowered = text.lower()
     return any(marker in lowered for marker in ALLOCATION_FAILURES)

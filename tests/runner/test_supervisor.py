@@ -132,6 +132,44 @@ def test_a_target_over_the_shared_cap_goes_apart_without_probing_the_reference(t
     assert outcome.repro and Path(outcome.repro).is_file(), "a pool worker wrote its reproducer"
 
 
+def test_a_target_keeps_the_whole_cap_beside_its_references_model(tmp_path):
+    """Both sides of a model case run in one worker: while the target runs, the cap is raised by the reference's
+    resident share (its built model), so a target that fits the cap by itself passes at once, with no retry.
+    The room is that share, not more: a kernel that needs more than the cap beside it overruns there and is
+    judged with the sides apart."""
+    import os
+
+    from model_zoo import build, default_config
+    from model_zoo.execute import model_bytes, model_case
+
+    config = default_config("timm/resnet18", mode="eval")
+    resnet = model_case(config)
+    room = model_bytes(build(config).model)
+    assert room > 40 << 20, room
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "NEURON_VALIDATE_EMULATOR_PROFILE": "exact", "TIGHT_CAP_OP": "relu_"}
+    tight = RunSettings(target="neuron", timeout_s=300.0, warmup=("model",), rss_limit_mb=3072, env=env,
+                        backend_modules=("tests.fixtures.overruns_under_tight_cap",))
+    with Supervisor(tight, persistent=True) as supervisor:
+        supervisor.run_one(resnet)
+        limit = supervisor.workers()[0].info["memory_limit_bytes"]
+    # The kernel needs a data limit 24 MiB above the worker's own: more than the cap alone, less than the cap
+    # with the reference's model (45 MiB) on top.
+    needs = replace(tight, env={**env, "OVERRUN_BELOW_BYTES": str(limit + (24 << 20))})
+    with Supervisor(needs) as supervisor:
+        (outcome,) = supervisor.run([resnet])
+    assert outcome.status is Status.PASS, outcome.message
+    assert "infra_retries" not in outcome.evidence and "sides_apart" not in outcome.evidence, outcome.evidence
+    assert outcome.evidence["memory_allowance_mb"]["target"] >= room / 2**20, outcome.evidence
+    assert supervisor.starts == {"pool": 1}, supervisor.starts
+
+    beyond = replace(tight, env={**env, "OVERRUN_BELOW_BYTES": str(limit + room + (48 << 20))})
+    with Supervisor(beyond) as supervisor:
+        (outcome,) = supervisor.run([resnet])
+    assert outcome.status is Status.PASS, outcome.message
+    assert outcome.evidence["sides_apart"]["first"].startswith("exceeded the memory cap of 3072 MiB"), outcome.evidence
+
+
 def test_a_cap_below_the_worker_itself_is_refused_in_one_line(tmp_path):
     from runner.supervisor import TransportError
 
