@@ -29,7 +29,7 @@ Zygotes belong to the process (:class:`ZygotePool`), not to one run: a
 check's second supervisor (its perturbed runs), a test session's next run
 with the same environment, fork from the zygote the first one started.
 
-Requests on the zygote's pipe:  (worker_pipe, settings, runtime_env) -> ("forked", pid);
+Requests on the zygote's pipe:  (worker_pipe, settings, state at the fork) -> ("forked", pid);
 None -> exit.  Unprompted: ("exited", pid, exitcode) for each child reaped,
 exitcode as ``multiprocessing.Process.exitcode`` gives it (-N: signal N).
 """
@@ -82,8 +82,21 @@ def environment_key(settings: RunSettings) -> tuple:
     return tuple(sorted(env.items())), tuple(sorted(settings.warmup))
 
 
-def _runtime_env() -> dict[str, str]:
-    return {k: os.environ[k] for k in RUNTIME_ENV if k in os.environ}
+def _at_fork() -> dict:
+    """What a spawned worker takes from the supervisor's process when it starts, and a forked one at its fork:
+    the run-time variables, the working directory and ``sys.path`` (multiprocessing's ``spawn`` passes the
+    last two). The zygote's may be a test or a run older."""
+    return {"env": {k: os.environ[k] for k in RUNTIME_ENV if k in os.environ}, "cwd": os.getcwd(),
+            "sys_path": list(sys.path)}
+
+
+def _take(state: dict) -> None:
+    os.environ.update(state["env"])
+    try:
+        os.chdir(state["cwd"])
+    except OSError:
+        pass  # gone since: the worker starts in the zygote's directory
+    sys.path[:] = state["sys_path"]
 
 
 # ---------------------------------------------------------------- the zygote process
@@ -106,22 +119,24 @@ def zygote_main(conn, settings: RunSettings) -> None:
         conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", os.getpid()))
+    running = 0  # workers forked and not reaped: while there are none, it waits on its pipe without polling
     while True:
-        if wait([conn], timeout=REAP_INTERVAL_S):
+        if wait([conn], timeout=REAP_INTERVAL_S if running else None):
             try:
                 request = conn.recv()
             except (EOFError, OSError):
                 os._exit(0)
             if request is None:
                 os._exit(0)  # nothing to finalise: it only imported
-            worker_pipe, worker_settings, runtime_env = request
+            worker_pipe, worker_settings, state = request
             pid = os.fork()
             if pid == 0:
-                os.environ.update(runtime_env)
+                _take(state)
                 _become_worker(conn, worker_pipe, worker_settings)
             worker_pipe.close()
             conn.send(("forked", pid))
-        _reap(conn)
+            running += 1
+        running -= _reap(conn)
 
 
 def _become_worker(zygote_conn, worker_pipe, settings: RunSettings) -> None:
@@ -158,15 +173,18 @@ def _reseed_global_generators() -> None:
         numpy.random.seed()
 
 
-def _reap(conn) -> None:
+def _reap(conn) -> int:
+    """Sends the exit status of each child that ended; returns how many."""
+    reaped = 0
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return reaped
         if pid == 0:
-            return
+            return reaped
         conn.send(("exited", pid, os.waitstatus_to_exitcode(status)))
+        reaped += 1
 
 
 # ---------------------------------------------------------------- the supervisor's side
@@ -268,7 +286,7 @@ class Zygote:
 
     def fork(self, worker_pipe, settings: RunSettings) -> int:
         with self._lock:
-            self.conn.send((worker_pipe, settings, _runtime_env()))
+            self.conn.send((worker_pipe, settings, _at_fork()))
             reply = self._next(30.0)
             if not reply or reply[0] != "forked":
                 raise ZygoteError("the zygote did not fork a worker")

@@ -117,3 +117,54 @@ def test_a_worker_killed_with_its_zygote_is_lost_not_a_crash():
         assert deaths[0].lost and "zygote" in deaths[0].lost, deaths
     finally:
         pool.close()
+
+
+def test_an_idle_zygote_waits_without_polling():
+    """Zygotes outlive their runs (the process keeps two idle ones): one with no workers must cost no processor
+    time, or a test session's kept zygotes slow every test beside them."""
+    import time
+
+    import psutil
+
+    from runner.transports import ProcessTransport
+
+    pool = ZygotePool()
+    transport = ProcessTransport(zygotes=pool)
+    try:
+        handle = transport.start(RunSettings(target="neuron", warmup=("op",)))
+        handle.stop()
+        zygote = psutil.Process(handle.zygote.process.pid)
+        deadline = time.monotonic() + 60
+        while not handle.zygote.idle:  # its worker reaped
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        before = sum(zygote.cpu_times()[:2])
+        time.sleep(3.0)
+        spent = sum(zygote.cpu_times()[:2]) - before
+        assert spent < 0.015, f"an idle zygote spent {spent:.2f} s of processor time in 3 s (polling: about 0.03)"
+    finally:
+        pool.close()
+
+
+def test_a_forked_worker_starts_where_the_supervisor_is_now(tmp_path, monkeypatch):
+    """A zygote may be a run or a test older than the worker it forks: the worker takes the supervisor's working
+    directory (and ``sys.path``) of the moment, as a spawned one would (a user script given by a relative path)."""
+    import time
+
+    from runner.transports import ProcessTransport
+
+    transport = ProcessTransport()  # the process's zygotes
+    settings = RunSettings(target="neuron", warmup=("op",))
+    first = transport.start(settings)
+    first.stop()
+    monkeypatch.chdir(tmp_path)
+    second = transport.start(settings)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(r[0] == "ready" for r in second.receive() if isinstance(r, tuple)):
+            assert time.monotonic() < deadline, "the forked worker never became ready"
+            time.sleep(0.05)
+        assert second.zygote is first.zygote
+        assert os.readlink(f"/proc/{second.pid}/cwd") == str(tmp_path)
+    finally:
+        second.stop()
