@@ -22,6 +22,7 @@ keeps its id: its configuration is unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from diff.replay import replay_ops
 from diff.sides import run_model
 from diff.tolerances import TolerancePolicy
 from runner.executors import Executor
+from runner.refcache import tensor_bytes
 from runner.worker import (REFERENCE_SHARE_MB, allocation_failure, memory_allowance, peak_growth,
                            return_freed_memory)
 
@@ -182,8 +184,7 @@ def run_reference(case: Case, built, config, ctx) -> tuple[dict, bool]:
     size bounds.
     """
     cache = ctx.cache
-    if cache is not None and sum(p.numel() * p.element_size() for p in built.model.parameters()) \
-            > MAX_CACHED_MODEL_BYTES:
+    if cache is not None and tensor_bytes(list(built.model.parameters())) > MAX_CACHED_MODEL_BYTES:
         cache = None  # its gradients alone are over the entry bound: neither hashed nor stored
     key = ""
     if cache is not None:
@@ -266,13 +267,6 @@ def model_bytes(model: torch.nn.Module) -> int:
     return tensor_bytes([*model.parameters(), *model.buffers()])
 
 
-def tensor_bytes(tree) -> int:
-    """The bytes of the tensors in a nested structure (a side's results, a batch of inputs)."""
-    from torch.utils._pytree import tree_leaves
-
-    return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
-
-
 def reference_floor_mb(built, config) -> float:
     """MiB the CPU reference cannot do without: the model's parameters and buffers (at the run's dtype where it
     is narrower) and, when it trains, a gradient for each trainable parameter. Activations, optimizer state
@@ -347,7 +341,8 @@ def judge_built(case: Case, config, built, ctx, *, timings: dict, replay: bool =
     model_mb = model_bytes(built.model) / 2**20
     t0 = time.perf_counter()
     try:
-        with memory_allowance(tensor_bytes(side.actual)) as given, peak_growth() as grown:
+        measured = peak_growth() if overran else contextlib.nullcontext(lambda: None)  # the share, where needed
+        with memory_allowance(tensor_bytes(side.actual)) as given, measured as grown:
             allowance["reference"] = given
             expected, cached = run_reference(case, built, config, ctx)
     except Exception as exc:  # noqa: BLE001

@@ -44,7 +44,7 @@ MAX_ENTRY_BYTES = 1 << 20
 MAX_CACHE_BYTES = 2 << 30
 
 
-def _tensor_bytes(value: Any) -> int:
+def tensor_bytes(value: Any) -> int:
     """The bytes of the tensors' values in a nested value: what its packed size is, give or take the layout."""
     from torch.utils._pytree import tree_leaves
 
@@ -97,7 +97,7 @@ class ReferenceCache:
     def put(self, case_id: str, value: Any, *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> bool:
         """Stores an entry; False when it is not stored (unserializable, larger than ``max_entry_bytes``, or the
         cache is full). A kind of case whose entries are larger (a model's gradients) passes its own bound."""
-        if _tensor_bytes(value) > max_entry_bytes or self._size() > self.max_bytes:
+        if tensor_bytes(value) > max_entry_bytes or self._size() > self.max_bytes:
             return False  # decided before packing: serialising a large entry only to drop it costs as much as a run
         try:
             payload = pack(value)
