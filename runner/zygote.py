@@ -105,7 +105,7 @@ def zygote_main(conn, settings: RunSettings) -> None:
 
     die_with_parent()
     os.environ.update(settings.worker_env())
-    for name in RUNTIME_ENV:  # each worker gets its own (see _become_worker)
+    for name in RUNTIME_ENV:  # each worker gets its own at its fork (_at_fork, _take)
         os.environ.pop(name, None)
     try:
         importlib.import_module("torch")  # with its device backends (the emulator's autoload)
