@@ -107,6 +107,7 @@ def register(profile: str | NumericsProfile | None = None, faults: str | list[Fa
                 process_group.register(active_faults=active_faults, profile=current_profile)
             set_profile(profile if profile is not None else os.environ.get(PROFILE_ENV))
             set_faults(faults if faults is not None else os.environ.get(FAULTS_ENV, ""))
+            os.register_at_fork(after_in_child=_draw_faults_again)
             return
     if profile is not None:
         set_profile(profile)
@@ -212,6 +213,17 @@ def set_faults(faults: str | list[Fault] | None) -> list[Fault]:
                       for f in parsed]
     _break_host_kernels([f for f, on in zip(parsed, _active_faults) if on and f.host])
     return [f for f, on in zip(parsed, _active_faults) if on]
+
+
+def _draw_faults_again() -> None:
+    """A forked child is a process of its own, so a fault active with probability p is drawn there again.
+
+    Workers forked from one preloaded parent (runner.zygote) would otherwise all share the parent's draw: a
+    flaky fault on in every one or in none, and a gate's reruns in "fresh" processes all meeting it.
+    Python's own generator is reseeded in the child before this runs (the random module registers first).
+    """
+    if any(0.0 < f.probability < 1.0 for f in _faults):
+        set_faults(_faults)
 
 
 _host_library = None

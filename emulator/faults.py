@@ -40,7 +40,8 @@ inside graphs ``torch.compile(backend="neuron")`` built: a compiler's bug; compi
 a graph that holds the op; raise, crash, abort or hang only), ``host`` (crash, abort, hang: 1 breaks the
 CPU kernel of that exact op too), ``phase`` (any | forward | backward), ``dtype``
 (only when an input has this dtype, e.g. ``float32``), ``p`` (probability
-that the fault is active in a process: a flaky fault).
+that the fault is active in a process: a flaky fault; drawn again in each forked child, so the workers a
+preloaded parent forks draw as spawned ones do).
 """
 
 from __future__ import annotations

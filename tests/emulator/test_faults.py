@@ -61,6 +61,26 @@ def test_dtype_filter_and_probability(neuron):
     torch.ones(2).to(neuron) + 1
 
 
+def test_a_flaky_fault_is_drawn_again_in_each_forked_child():
+    """``p=0.5`` is a chance per process. Workers forked from one preloaded parent (runner.zygote) are processes
+    of their own: they must not all inherit the parent's draw (a gate's reruns would then all meet the fault,
+    or all miss it). 24 children of one parent agree by chance with probability 2 / 2**24."""
+    code = (
+        "import os, emulator\n"
+        "emulator.register(faults='perturb@aten::tanh,rel=0.5,p=0.5')\n"
+        "seen = []\n"
+        "for _ in range(24):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        os._exit(10 + len(emulator.active_faults()))\n"
+        "    seen.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+        "print(sorted(set(seen)))\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[10, 11]", result.stdout
+
+
 @pytest.mark.parametrize("spec, expected", [
     ("crash@aten::cumsum", -signal.SIGSEGV),
     ("abort@aten::cumsum", -signal.SIGABRT),
