@@ -41,7 +41,7 @@ from diff.sides import run_model
 from diff.tolerances import TolerancePolicy
 from runner.executors import Executor
 from runner.refcache import tensor_bytes
-from runner.worker import (REFERENCE_SHARE_MB, allocation_failure, memory_allowance, peak_growth,
+from runner.worker import (REFERENCE_OVERRAN, REFERENCE_SHARE_MB, allocation_failure, memory_allowance, peak_growth,
                            return_freed_memory)
 
 from .built import left_behind_by_to
@@ -346,9 +346,11 @@ def judge_built(case: Case, config, built, ctx, *, timings: dict, replay: bool =
             allowance["reference"] = given
             expected, cached = run_reference(case, built, config, ctx)
     except Exception as exc:  # noqa: BLE001
+        evidence = {"error": traceback.format_exc(), REFERENCE_RAISED: one_line(exc)}
+        if not overran and allocation_failure(f"{type(exc).__name__}: {exc}"):
+            evidence[REFERENCE_OVERRAN] = True  # the target ran to the end under the cap: see runner.worker
         return Outcome(case_id=case.id, status=Status.SKIP, message=f"fails on the reference: {one_line(exc)}",
-                       evidence={"error": traceback.format_exc(), REFERENCE_RAISED: one_line(exc)},
-                       timings=timings), None
+                       evidence=evidence, timings=timings), None
     timings["reference"] = time.perf_counter() - t0
     del built
 

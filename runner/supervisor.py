@@ -29,7 +29,11 @@ process per case):
   check an allocation segfaults under the cap): only dying again apart is a
   ``crash``. Where the target overran and the reference then ran to the end
   in the same worker, the executor measured the reference's share there
-  (``runner.worker.REFERENCE_SHARE_MB``) and the probe is skipped;
+  (``runner.worker.REFERENCE_SHARE_MB``) and the probe is skipped. Where the
+  target ran to the end under the cap and the reference after it overran
+  (``runner.worker.REFERENCE_OVERRAN``), the target is known to fit: the
+  sides run apart at once, the reference given a whole cap of its own, and
+  the probe is left for a case that overruns, dies or hangs even so;
 - **a reference that raises in a used worker**: a case whose CPU reference raised
   (``evidence["reference_raised"]``) in a long-lived worker that had run other
   cases runs again in a fresh worker, and that worker is retired: a library
@@ -68,7 +72,7 @@ from conformance.settings import RunSettings
 from results.store import RETRIES_KEY  # evidence: [{"node", "reason", "during", "kind"}], the harness's retries
 
 from .transports import Death, Transport, TransportError, make_transport
-from .worker import CRASH_DIR_ENV, RECYCLE_FRACTION, REFERENCE_SHARE_MB
+from .worker import CRASH_DIR_ENV, RECYCLE_FRACTION, REFERENCE_OVERRAN, REFERENCE_SHARE_MB
 
 POLL_S = 0.25
 WORKER_START_TIMEOUT_S = 300.0
@@ -409,6 +413,10 @@ class Supervisor:
                 if share is not None:  # the reference ran to the end beside the overrun: it fits alone
                     self._go_apart(job, outcome, share, "measured in the shared run", followups)
                     return  # the worker with the sides apart takes this one's place
+                if outcome.evidence.get(REFERENCE_OVERRAN):  # the target fits: no probe before going apart
+                    self._go_apart(job, outcome, None, "not measured: the target had run to the end within the cap",
+                                   followups, reference_fits=False)
+                    return
                 self._failed(job, outcome, followups)
                 if not self.fresh:
                     self._spawn(why="over the memory cap")
@@ -444,14 +452,22 @@ class Supervisor:
             self._finish(slot)
             yield job, outcome
 
-    def _go_apart(self, job: Job, outcome: Outcome, reference_mb: float | None, how: str, followups: deque) -> None:
-        """Both sides shared one cap and the reference alone fits: the case runs again in a worker given the
-        reference's share on top of the cap (the whole cap again where the share is unknown), so the target
-        keeps the cap to itself."""
+    def _go_apart(self, job: Job, outcome: Outcome, reference_mb: float | None, how: str, followups: deque, *,
+                  reference_fits: bool = True) -> None:
+        """Both sides shared one cap and the reference alone fits (or, ``reference_fits=False``, the target is known
+        to fit and the reference was not probed): the case runs again in a worker given the reference's share on
+        top of the cap (the whole cap again where the share is unknown), so the target keeps the cap to itself."""
         share = self.settings.rss_limit_mb if reference_mb is None else int(reference_mb * 1.25) + 64
         outcome.evidence["sides_apart"] = {"reference_mb": reference_mb, "reference_measured": how,
-                                           "rss_limit_mb": self.settings.rss_limit_mb + share}
+                                           "rss_limit_mb": self.settings.rss_limit_mb + share,
+                                           "reference_known_to_fit": reference_fits}
         followups.appendleft((job, outcome, "apart"))
+
+    @staticmethod
+    def _unprobed_apart(outcome: Outcome) -> bool:
+        """A case that went apart without knowing that its reference fits alone (see _go_apart): what goes wrong
+        there is probed before anything is charged to the backend."""
+        return (outcome.evidence.get("sides_apart") or {}).get("reference_known_to_fit") is False
 
     def _apart_done(self, slot: _Slot, outcome: Outcome, followups: deque) -> Iterator[tuple[Job, Outcome]]:
         """The case ran again with the reference's share on top of the cap (see _go_apart)."""
@@ -460,6 +476,10 @@ class Supervisor:
         self._finish(slot)
         if outcome.evidence.get("memory_cap"):  # the target alone needs more than the cap: the backend's
             apart["message"] = outcome.message
+            if self._unprobed_apart(first):  # unless the reference alone overruns it (the probe decides)
+                apart["reference_known_to_fit"] = None  # probed from here: the probe's answer is final
+                self._failed(job, first, followups)
+                return
             if self.settings.artifacts_dir and not first.repro:
                 followups.append((job, first, "repro"))
                 return
@@ -532,10 +552,14 @@ class Supervisor:
                 self._note_retry(job, node, f"worker killed without a fault signal: {reason}", verb, "suspect")
                 followups.appendleft((job, pending, verb))  # once more, on another node where there is one
                 return
-        if verb == "apart":  # died with the target's cap to itself: the backend's crash (probed already)
+        if verb == "apart":  # died with the target's cap to itself: the backend's crash
             crashed = Outcome(case_id=job.case.id, status=Status.CRASH, message=f"worker process died: {reason}",
                               evidence={**evidence, "sides_apart": pending.evidence.get("sides_apart")},
                               duration_s=elapsed)
+            if self._unprobed_apart(pending):  # once the reference alone is known to fit (the probe)
+                crashed.evidence["sides_apart"]["reference_known_to_fit"] = None
+                self._failed(job, crashed, followups)
+                return
             if self.settings.artifacts_dir and not pending.repro:  # the dead worker could not write it
                 followups.append((job, crashed, "repro"))
                 return
@@ -581,14 +605,17 @@ class Supervisor:
         job, verb, pending = slot.job, slot.verb, slot.outcome
         elapsed = now - slot.started
         self._replace(slot, "timed out")
-        if verb == "apart":  # the case's own verdict with the target's cap to itself (probed already)
+        if verb == "apart" and not self._unprobed_apart(pending):  # its own verdict, the cap to itself (probed)
             yield job, Outcome(case_id=job.case.id, status=Status.TIMEOUT,
                                message=f"timed out after {self.settings.timeout_s:g} s; the worker was stopped",
                                evidence={"timeout_s": self.settings.timeout_s}, duration_s=elapsed)
-        elif verb == "run":
-            self._failed(job, Outcome(case_id=job.case.id, status=Status.TIMEOUT,
-                                       message=f"timed out after {self.settings.timeout_s:g} s; the worker was stopped",
-                                       evidence={"timeout_s": self.settings.timeout_s}, duration_s=elapsed), followups)
+        elif verb in ("run", "apart"):  # apart: not probed yet
+            timed_out = Outcome(case_id=job.case.id, status=Status.TIMEOUT,
+                                message=f"timed out after {self.settings.timeout_s:g} s; the worker was stopped",
+                                evidence={"timeout_s": self.settings.timeout_s}, duration_s=elapsed)
+            if verb == "apart":
+                timed_out.evidence["sides_apart"] = {**pending.evidence["sides_apart"], "reference_known_to_fit": None}
+            self._failed(job, timed_out, followups)
         elif verb == "probe":
             yield job, reference_at_fault(pending, "hangs")
         else:

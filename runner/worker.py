@@ -185,16 +185,23 @@ def _refusal(error: str) -> str:
 # the end in the same worker: the reference's own share of memory (MiB). The reference is then known to fit
 # alone, and the supervisor runs the sides apart at once, without a probe of the reference (supervisor.py).
 REFERENCE_SHARE_MB = "reference_share_mb"
+# Evidence an executor leaves where its target ran to the end under the cap and the CPU reference, after it, was
+# refused an allocation (True). The target is known to fit the cap, so the sides run apart at once, the reference
+# given a whole cap of its own; the probe is left for the rare case that overruns even so (supervisor.py).
+REFERENCE_OVERRAN = "reference_overran_after_target"
+MEMORY_EVIDENCE = (REFERENCE_SHARE_MB, REFERENCE_OVERRAN)  # what an executor's overrun outcome hands on
 
 
 def memory_outcome(case_id: str, settings: RunSettings, error: str, duration_s: float = 0.0,
-                   reference_share_mb: float | None = None) -> Outcome:
-    """The one outcome of a case that needed more memory than the cap."""
+                   carried: dict | None = None) -> Outcome:
+    """The one outcome of a case that needed more memory than the cap; ``carried``: the executor's evidence,
+    of which the keys of :data:`MEMORY_EVIDENCE` are kept."""
     first = _refusal(error)
     evidence = {"memory_cap": True, "rss_limit_mb": settings.rss_limit_mb,
                 "peak_rss_mb": round(_peak_rss_mb(), 1), "error": error[:2000]}
-    if reference_share_mb is not None:
-        evidence[REFERENCE_SHARE_MB] = round(reference_share_mb, 1)
+    for key in MEMORY_EVIDENCE:
+        if (carried or {}).get(key) is not None:
+            evidence[key] = round(carried[key], 1) if key == REFERENCE_SHARE_MB else carried[key]
     return Outcome(case_id=case_id, status=Status.CRASH,
                    message=f"exceeded the memory cap of {settings.rss_limit_mb} MiB: {first}",
                    evidence=evidence, duration_s=duration_s)
@@ -252,7 +259,7 @@ def _execute(case: Case, ctx: WorkerContext, counts: dict[str, int]) -> Outcome:
     if ctx.settings.rss_limit_mb and outcome.status is not Status.PASS and allocation_failure(
             outcome.message + json.dumps(outcome.evidence, default=str)):
         return memory_outcome(case.id, ctx.settings, outcome.message, time.perf_counter() - start,
-                              outcome.evidence.get(REFERENCE_SHARE_MB))
+                              outcome.evidence)
     if outcome.failed and ctx.artifacts is not None and not outcome.evidence.get("harness_error"):
         try:
             outcome.repro = write_repro(case, outcome, ctx)

@@ -132,6 +132,50 @@ def test_a_target_over_the_shared_cap_goes_apart_without_probing_the_reference(t
     assert outcome.repro and Path(outcome.repro).is_file(), "a pool worker wrote its reproducer"
 
 
+def test_a_reference_over_the_shared_cap_goes_apart_without_a_probe_and_is_probed_only_if_it_overruns_again(tmp_path):
+    """The CPU's own tanh asks for more memory than the shared cap leaves (a reference phase at the cap's edge, as
+    the zoo's largest models are): the target ran to the end under the cap first, so it is known to fit, and the
+    case runs again with the sides apart at once, the reference given a whole cap of its own (no probe, no worker
+    in between). A reference that overruns even then is probed alone before anything is charged: it is the
+    CPU's, a ``skip``, never the backend's crash."""
+    import os
+
+    from model_zoo import default_config
+    from model_zoo.execute import model_case
+
+    mlp = model_case(default_config("robotics/gaussian_mlp", mode="eval"))
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "NEURON_VALIDATE_EMULATOR_PROFILE": "exact", "TIGHT_CAP_SIDE": "reference",
+           "TIGHT_CAP_OP": "atanh"}  # in the forward only (the build draws its actions with tanh)
+    tight = RunSettings(target="neuron", timeout_s=300.0, warmup=("model",), rss_limit_mb=3072, env=env,
+                        artifacts_dir=str(tmp_path / "artifacts"),
+                        backend_modules=("tests.fixtures.overruns_under_tight_cap",))
+    with Supervisor(tight, persistent=True) as supervisor:
+        (outcome,) = supervisor.run([mlp])
+        assert outcome.status is Status.PASS, outcome.message  # OVERRUN_BELOW_BYTES unset: the CPU's own tanh
+        limit = supervisor.workers()[0].info["memory_limit_bytes"]
+
+    tight = replace(tight, env={**env, "OVERRUN_BELOW_BYTES": str(limit + (16 << 20))})
+    with Supervisor(tight) as supervisor:
+        (outcome,) = supervisor.run([mlp])
+    assert outcome.status is Status.PASS, outcome.message
+    (retry,) = outcome.evidence["infra_retries"]
+    assert retry["kind"] == "memory" and "shared by the reference and the target" in retry["reason"], retry
+    apart = outcome.evidence["sides_apart"]
+    assert apart["reference_measured"].startswith("not measured: the target had run to the end"), apart
+    assert apart["rss_limit_mb"] == 2 * 3072 and "exceeded the memory cap of 3072 MiB" in apart["first"], apart
+    assert supervisor.starts.get("over the memory cap", 0) == 0 and supervisor.starts["sides apart"] == 1, \
+        supervisor.starts
+
+    always = replace(tight, env={**env, "OVERRUN_BELOW_BYTES": str(1 << 62)})
+    with Supervisor(always) as supervisor:
+        (outcome,) = supervisor.run([mlp])
+    assert outcome.status is Status.SKIP and outcome.evidence.get("reference_at_fault"), outcome
+    assert "exceeds the memory cap" in outcome.message, outcome.message
+    assert outcome.evidence["sides_apart"]["message"].startswith("exceeded the memory cap of 6144 MiB"), outcome
+    assert supervisor.starts["sides apart"] == 1 and supervisor.starts["pool"] == 2, "a worker of the pool probed it"
+
+
 def test_a_target_keeps_the_whole_cap_beside_its_references_model(tmp_path):
     """Both sides of a model case run in one worker: while the target runs, the cap is raised by the reference's
     resident share (its built model), so a target that fits the cap by itself passes at once, with no retry.
