@@ -215,6 +215,19 @@ def set_faults(faults: str | list[Fault] | None) -> list[Fault]:
     return [f for f, on in zip(parsed, _active_faults) if on]
 
 
+def apply_environment() -> None:
+    """Sets the profile and faults from NEURON_VALIDATE_EMULATOR_PROFILE and NEURON_VALIDATE_FAULTS as they are now.
+
+    The device takes them when it registers, which is when torch is first imported. A process that sets them
+    later (a harness worker applies its run's environment when it starts) may have registered it before:
+    multiprocessing's ``spawn`` runs the parent's main module again in the child, and a main module that imports
+    torch registers the device there with the parent's environment. No-op while the device is not registered.
+    """
+    if _registered:
+        set_profile(os.environ.get(PROFILE_ENV))
+        set_faults(os.environ.get(FAULTS_ENV, ""))
+
+
 def _draw_faults_again() -> None:
     """A forked child is a process of its own, so a fault active with probability p is drawn there again.
 
@@ -292,6 +305,7 @@ __all__ = [
     "NumericsProfile",
     "ProfileError",
     "active_faults",
+    "apply_environment",
     "available_profiles",
     "copy_stats",
     "faults",

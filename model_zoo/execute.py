@@ -375,9 +375,15 @@ def judge_built(case: Case, config, built, ctx, *, timings: dict, replay: bool =
                            evidence={**evidence, "harness_error": True}, timings=timings,
                            cached_reference=cached), None
 
+    # The comparison holds both sides' results, which the phases above were each given room for: it gets them
+    # on top of the cap too, so only its own temporaries (and a golden rerun's model) count against it.
     t0 = time.perf_counter()
-    verdict, precision = judge_case(case, config, side.actual, expected, target, reference, replay=replay)
+    with memory_allowance(tensor_bytes(side.actual) + tensor_bytes(expected)) as given:
+        allowance["comparison"] = given
+        verdict, precision = judge_case(case, config, side.actual, expected, target, reference, replay=replay)
     timings["comparison"] = time.perf_counter() - t0
+    if given:
+        evidence["memory_allowance_mb"] = {k: round(v / 2**20, 1) for k, v in allowance.items()}
     outcome = verdict_outcome(case, verdict, precision, side, expected, evidence, timings)
     outcome.cached_reference = cached
     return outcome, verdict

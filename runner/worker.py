@@ -249,7 +249,9 @@ def _execute(case: Case, ctx: WorkerContext, counts: dict[str, int]) -> Outcome:
     except Exception as exc:  # noqa: BLE001 - the worker must answer for every case (MemoryError included)
         text = f"{type(exc).__name__}: {exc}"
         if ctx.settings.rss_limit_mb and allocation_failure(text):
-            return memory_outcome(case.id, ctx.settings, text, time.perf_counter() - start)
+            refused = memory_outcome(case.id, ctx.settings, text, time.perf_counter() - start)
+            refused.evidence["traceback"] = traceback.format_exc()[-4000:]  # where it overran (which side, which step)
+            return refused
         outcome = Outcome(
             case_id=case.id,
             status=Status.ERROR,
@@ -367,7 +369,10 @@ class Worker:
     def start(self) -> dict:
         """Loads what the cases need and caps memory; raises when the worker cannot run cases at all."""
         os.environ.update(self.settings.worker_env())
+        import emulator
         from conformance.seeding import skip_seeding_unavailable_backends
+
+        emulator.apply_environment()  # the run's profile and faults, where the device registered before they were set
 
         self.ctx = make_context(self.settings)
         self.ctx.progress = self._progress

@@ -88,12 +88,9 @@ def test_a_worker_that_segfaults_under_the_shared_cap_runs_again_with_the_sides_
     assert outcome.repro and Path(outcome.repro).is_file(), "a replacement worker wrote its reproducer"
 
 
-def test_a_target_over_the_shared_cap_goes_apart_without_probing_the_reference(tmp_path):
-    """A model case whose target kernel asks for more memory than the shared cap leaves: the target runs first,
-    overruns, and its CPU reference then runs to the end in the same worker. That run shows the reference fits
-    alone and measures its share, so the case runs again with the sides apart at once (no probe, no worker in
-    between) and gets that run's verdict, with the retry recorded. A target that overruns even with the cap to
-    itself is still the backend's crash."""
+def tight_cap_mlp(tmp_path, **env):
+    """gaussian_mlp (eval) under a 3 GiB cap with tests/fixtures/overruns_under_tight_cap.py loaded (its knobs in
+    ``env``), and the worker's data limit under that cap, measured with the fixture idle."""
     import os
 
     from model_zoo import default_config
@@ -101,17 +98,29 @@ def test_a_target_over_the_shared_cap_goes_apart_without_probing_the_reference(t
 
     mlp = model_case(default_config("robotics/gaussian_mlp", mode="eval"))
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"}
+           "NEURON_VALIDATE_EMULATOR_PROFILE": "exact", **env}
     tight = RunSettings(target="neuron", timeout_s=300.0, warmup=("model",), rss_limit_mb=3072, env=env,
                         artifacts_dir=str(tmp_path / "artifacts"),
                         backend_modules=("tests.fixtures.overruns_under_tight_cap",))
     with Supervisor(tight, persistent=True) as supervisor:
         (outcome,) = supervisor.run([mlp])
-        assert outcome.status is Status.PASS, outcome.message  # OVERRUN_BELOW_BYTES unset: the device's own tanh
-        limit = supervisor.workers()[0].info["memory_limit_bytes"]
+        assert outcome.status is Status.PASS, outcome.message  # OVERRUN_BELOW_BYTES unset: the kernel's own
+        return mlp, tight, supervisor.workers()[0].info["memory_limit_bytes"]
 
-    tight = replace(tight, env={**env, "OVERRUN_BELOW_BYTES": str(limit + (16 << 20))})
-    with Supervisor(tight) as supervisor:
+
+def overrunning_below(settings: RunSettings, limit: int) -> RunSettings:
+    """The same settings with the fixture's kernel overrunning while the worker's data limit is below ``limit``."""
+    return replace(settings, env={**settings.env, "OVERRUN_BELOW_BYTES": str(limit)})
+
+
+def test_a_target_over_the_shared_cap_goes_apart_without_probing_the_reference(tmp_path):
+    """A model case whose target kernel asks for more memory than the shared cap leaves: the target runs first,
+    overruns, and its CPU reference then runs to the end in the same worker. That run shows the reference fits
+    alone and measures its share, so the case runs again with the sides apart at once (no probe, no worker in
+    between) and gets that run's verdict, with the retry recorded. A target that overruns even with the cap to
+    itself is still the backend's crash."""
+    mlp, tight, limit = tight_cap_mlp(tmp_path)
+    with Supervisor(overrunning_below(tight, limit + (16 << 20))) as supervisor:
         (outcome,) = supervisor.run([mlp])
     assert outcome.status is Status.PASS, outcome.message
     (retry,) = outcome.evidence["infra_retries"]
@@ -122,8 +131,7 @@ def test_a_target_over_the_shared_cap_goes_apart_without_probing_the_reference(t
     assert supervisor.starts.get("over the memory cap", 0) == 0 and supervisor.starts["sides apart"] == 1, \
         supervisor.starts
 
-    always = replace(tight, env={**env, "OVERRUN_BELOW_BYTES": str(1 << 62)})
-    with Supervisor(always) as supervisor:
+    with Supervisor(overrunning_below(tight, 1 << 62)) as supervisor:
         (outcome,) = supervisor.run([mlp])
     assert outcome.status is Status.CRASH and outcome.message.startswith("exceeded the memory cap of 3072 MiB"), \
         outcome.message
@@ -133,30 +141,14 @@ def test_a_target_over_the_shared_cap_goes_apart_without_probing_the_reference(t
 
 
 def test_a_reference_over_the_shared_cap_goes_apart_without_a_probe_and_is_probed_only_if_it_overruns_again(tmp_path):
-    """The CPU's own tanh asks for more memory than the shared cap leaves (a reference phase at the cap's edge, as
+    """The CPU's own atanh asks for more memory than the shared cap leaves (a reference phase at the cap's edge, as
     the zoo's largest models are): the target ran to the end under the cap first, so it is known to fit, and the
     case runs again with the sides apart at once, the reference given a whole cap of its own (no probe, no worker
     in between). A reference that overruns even then is probed alone before anything is charged: it is the
     CPU's, a ``skip``, never the backend's crash."""
-    import os
-
-    from model_zoo import default_config
-    from model_zoo.execute import model_case
-
-    mlp = model_case(default_config("robotics/gaussian_mlp", mode="eval"))
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "NEURON_VALIDATE_EMULATOR_PROFILE": "exact", "TIGHT_CAP_SIDE": "reference",
-           "TIGHT_CAP_OP": "atanh"}  # in the forward only (the build draws its actions with tanh)
-    tight = RunSettings(target="neuron", timeout_s=300.0, warmup=("model",), rss_limit_mb=3072, env=env,
-                        artifacts_dir=str(tmp_path / "artifacts"),
-                        backend_modules=("tests.fixtures.overruns_under_tight_cap",))
-    with Supervisor(tight, persistent=True) as supervisor:
-        (outcome,) = supervisor.run([mlp])
-        assert outcome.status is Status.PASS, outcome.message  # OVERRUN_BELOW_BYTES unset: the CPU's own tanh
-        limit = supervisor.workers()[0].info["memory_limit_bytes"]
-
-    tight = replace(tight, env={**env, "OVERRUN_BELOW_BYTES": str(limit + (16 << 20))})
-    with Supervisor(tight) as supervisor:
+    # atanh: in the forward only (the build draws its actions with tanh)
+    mlp, tight, limit = tight_cap_mlp(tmp_path, TIGHT_CAP_SIDE="reference", TIGHT_CAP_OP="atanh")
+    with Supervisor(overrunning_below(tight, limit + (16 << 20))) as supervisor:
         (outcome,) = supervisor.run([mlp])
     assert outcome.status is Status.PASS, outcome.message
     (retry,) = outcome.evidence["infra_retries"]
@@ -167,8 +159,7 @@ def test_a_reference_over_the_shared_cap_goes_apart_without_a_probe_and_is_probe
     assert supervisor.starts.get("over the memory cap", 0) == 0 and supervisor.starts["sides apart"] == 1, \
         supervisor.starts
 
-    always = replace(tight, env={**env, "OVERRUN_BELOW_BYTES": str(1 << 62)})
-    with Supervisor(always) as supervisor:
+    with Supervisor(overrunning_below(tight, 1 << 62)) as supervisor:
         (outcome,) = supervisor.run([mlp])
     assert outcome.status is Status.SKIP and outcome.evidence.get("reference_at_fault"), outcome
     assert "exceeds the memory cap" in outcome.message, outcome.message
@@ -320,3 +311,40 @@ def test_a_cases_warnings_are_counted_into_its_evidence_not_printed(tmp_path, ca
     (counted,) = outcome.evidence["warnings"]
     assert counted.startswith("UserWarning: linear_cross_entropy: ``options`` ignored"), counted
     assert "options`` ignored" not in capfd.readouterr().err
+
+
+SUPERVISOR_MAIN = '''import torch  # at the top of the main module: multiprocessing's spawn imports it again in each child
+import sys
+from conformance.settings import RunSettings
+from op_tests.sources import OpSelection, op_cases
+from runner.supervisor import Supervisor
+
+if __name__ == "__main__":
+    (tanh,) = [c for c in op_cases(OpSelection(patterns=("tanh",), dtypes=("float32",), directions=("forward",),
+                                               max_samples=1)) if c.config["source"] == "opinfo"]
+    env = {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact", "NEURON_VALIDATE_FAULTS": "raise@aten::tanh"}
+    for modules in ((), ("math",)):  # forked from a zygote; spawned (a backend module named)
+        settings = RunSettings(target="neuron", timeout_s=300.0, warmup=("op",), env=env, backend_modules=modules)
+        with Supervisor(settings) as supervisor:
+            (outcome,) = supervisor.run([tanh])
+        print(outcome.status.value, outcome.message[:200])
+'''
+
+
+def test_workers_take_the_runs_profile_and_faults_when_the_main_module_imported_torch(tmp_path):
+    """A program whose main module imports torch at the top, then runs cases with faults in the run's environment:
+    spawn imports that module again in the zygote and in spawned workers, so the device registers there with the
+    program's environment before the worker applies the run's. The run's fault must still be active."""
+    import os
+
+    main = tmp_path / "harness_main.py"
+    main.write_text(SUPERVISOR_MAIN)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    for name in ("NEURON_VALIDATE_FAULTS", "NEURON_VALIDATE_EMULATOR_PROFILE"):
+        env.pop(name, None)
+    result = subprocess.run([sys.executable, str(main)], capture_output=True, text=True, timeout=600, env=env,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("error ") and "injected fault in aten::tanh" in line
+                                   for line in lines), result.stdout
