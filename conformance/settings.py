@@ -18,6 +18,9 @@ class RunSettings:
     backend_modules: tuple[str, ...] = ()
     timeout_s: float = 120.0
     rss_limit_mb: int = 4096
+    # The run's cap where this worker was given more (the sides of a case apart, runner/supervisor.py): what a
+    # case is judged against ("needs more than the cap"), so that its verdict does not depend on the path it took.
+    run_cap_mb: int | None = None
     artifacts_dir: str | None = None  # reproducers go here
     reference_cache: str | None = None  # SQLite file of cached reference outputs
     env: dict[str, str] = field(default_factory=dict)  # set in workers before torch is imported

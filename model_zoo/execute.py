@@ -286,12 +286,12 @@ def reference_floor_mb(built, config) -> float:
 
 
 def over_the_cap(case: Case, built, config, ctx) -> Outcome | None:
-    """A ``skip`` before either side runs, where the CPU reference alone cannot fit the worker's memory cap.
+    """A ``skip`` before either side runs, where the CPU reference alone cannot fit the run's memory cap.
 
     Otherwise the target would run up to the cap, a fresh worker would probe the reference alone up to it
     too, and the case would end as the same skip, two worker starts later.
     """
-    cap = ctx.settings.rss_limit_mb
+    cap = ctx.settings.run_cap_mb or ctx.settings.rss_limit_mb  # the run's, also where the sides run apart
     if not cap:
         return None
     floor = reference_floor_mb(built, config)

@@ -166,8 +166,10 @@ class Supervisor:
         """A worker's settings: the run's, plus (for a fresh worker) its job's environment and kind."""
         env = {**self.settings.env, **(job.env if job else {}), CRASH_DIR_ENV: self._crash_dir}
         warmup = self._warmup or ((job.case.kind,) if job else ())
-        return replace(self.settings, env=env, warmup=warmup,
-                       rss_limit_mb=self.settings.rss_limit_mb if rss_limit_mb is None else rss_limit_mb)
+        if rss_limit_mb is None:
+            return replace(self.settings, env=env, warmup=warmup)
+        return replace(self.settings, env=env, warmup=warmup, rss_limit_mb=rss_limit_mb,
+                       run_cap_mb=self.settings.rss_limit_mb)
 
     def _spawn(self, job: Job | None = None, rss_limit_mb: int | None = None, *, why: str = "",
                since: float | None = None) -> _Slot:

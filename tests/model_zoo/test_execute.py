@@ -188,6 +188,10 @@ def test_a_model_whose_reference_cannot_fit_the_cap_is_skipped_before_either_sid
     assert "target" not in ctx._resolved, "the target never ran"
     roomy = make_context(RunSettings(target="neuron", rss_limit_mb=int(floor) + 4096))
     assert over_the_cap(model_case(config), build(config), config, roomy) is None, "a cap it fits runs the case"
+    # A worker with the sides apart has more than the run's cap; the case is judged against the run's, so it is
+    # the same skip whichever way it came there (a build that overran in a full worker went apart).
+    apart = make_context(RunSettings(target="neuron", rss_limit_mb=int(floor) + 4096, run_cap_mb=cap))
+    assert over_the_cap(model_case(config), build(config), config, apart).status is Status.SKIP
 
 
 def test_a_model_whose_weights_to_device_leaves_behind_is_the_models_skip_not_the_targets_error():
