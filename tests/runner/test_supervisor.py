@@ -323,7 +323,9 @@ if __name__ == "__main__":
     (tanh,) = [c for c in op_cases(OpSelection(patterns=("tanh",), dtypes=("float32",), directions=("forward",),
                                                max_samples=1)) if c.config["source"] == "opinfo"]
     env = {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact", "NEURON_VALIDATE_FAULTS": "raise@aten::tanh"}
-    for modules in ((), ("math",)):  # forked from a zygote; spawned (a backend module named)
+    # Forked from a zygote; spawned (a backend module named). A named module turns the device's autoload off in the
+    # worker's environment: the device is there only because this module's torch import registered it first.
+    for modules in ((), ("math",)):
         settings = RunSettings(target="neuron", timeout_s=300.0, warmup=("op",), env=env, backend_modules=modules)
         with Supervisor(settings) as supervisor:
             (outcome,) = supervisor.run([tanh])
