@@ -113,6 +113,17 @@ def overrunning_below(settings: RunSettings, limit: int) -> RunSettings:
     return replace(settings, env={**settings.env, "OVERRUN_BELOW_BYTES": str(limit)})
 
 
+def passed_apart(case, settings: RunSettings):
+    """Runs the case alone: it must pass after one memory retry with the sides apart. Returns the record of that
+    (``evidence["sides_apart"]``) and the supervisor's worker starts."""
+    with Supervisor(settings) as supervisor:
+        (outcome,) = supervisor.run([case])
+    assert outcome.status is Status.PASS, outcome.message
+    (retry,) = outcome.evidence["infra_retries"]
+    assert retry["kind"] == "memory" and "shared by the reference and the target" in retry["reason"], retry
+    return outcome.evidence["sides_apart"], supervisor.starts
+
+
 def test_a_target_over_the_shared_cap_goes_apart_without_probing_the_reference(tmp_path):
     """A model case whose target kernel asks for more memory than the shared cap leaves: the target runs first,
     overruns, and its CPU reference then runs to the end in the same worker. That run shows the reference fits
@@ -120,16 +131,10 @@ def test_a_target_over_the_shared_cap_goes_apart_without_probing_the_reference(t
     between) and gets that run's verdict, with the retry recorded. A target that overruns even with the cap to
     itself is still the backend's crash."""
     mlp, tight, limit = tight_cap_mlp(tmp_path)
-    with Supervisor(overrunning_below(tight, limit + (16 << 20))) as supervisor:
-        (outcome,) = supervisor.run([mlp])
-    assert outcome.status is Status.PASS, outcome.message
-    (retry,) = outcome.evidence["infra_retries"]
-    assert retry["kind"] == "memory" and "shared by the reference and the target" in retry["reason"], retry
-    apart = outcome.evidence["sides_apart"]
+    apart, starts = passed_apart(mlp, overrunning_below(tight, limit + (16 << 20)))
     assert apart["reference_measured"] == "measured in the shared run" and apart["reference_mb"] > 0, apart
     assert apart["rss_limit_mb"] >= 3072 + 64 and "exceeded the memory cap of 3072 MiB" in apart["first"], apart
-    assert supervisor.starts.get("over the memory cap", 0) == 0 and supervisor.starts["sides apart"] == 1, \
-        supervisor.starts
+    assert starts.get("over the memory cap", 0) == 0 and starts["sides apart"] == 1, starts
 
     with Supervisor(overrunning_below(tight, 1 << 62)) as supervisor:
         (outcome,) = supervisor.run([mlp])
@@ -148,16 +153,10 @@ def test_a_reference_over_the_shared_cap_goes_apart_without_a_probe_and_is_probe
     CPU's, a ``skip``, never the backend's crash."""
     # atanh: in the forward only (the build draws its actions with tanh)
     mlp, tight, limit = tight_cap_mlp(tmp_path, TIGHT_CAP_SIDE="reference", TIGHT_CAP_OP="atanh")
-    with Supervisor(overrunning_below(tight, limit + (16 << 20))) as supervisor:
-        (outcome,) = supervisor.run([mlp])
-    assert outcome.status is Status.PASS, outcome.message
-    (retry,) = outcome.evidence["infra_retries"]
-    assert retry["kind"] == "memory" and "shared by the reference and the target" in retry["reason"], retry
-    apart = outcome.evidence["sides_apart"]
+    apart, starts = passed_apart(mlp, overrunning_below(tight, limit + (16 << 20)))
     assert apart["reference_measured"].startswith("not measured: the target had run to the end"), apart
     assert apart["rss_limit_mb"] == 2 * 3072 and "exceeded the memory cap of 3072 MiB" in apart["first"], apart
-    assert supervisor.starts.get("over the memory cap", 0) == 0 and supervisor.starts["sides apart"] == 1, \
-        supervisor.starts
+    assert starts.get("over the memory cap", 0) == 0 and starts["sides apart"] == 1, starts
 
     with Supervisor(overrunning_below(tight, 1 << 62)) as supervisor:
         (outcome,) = supervisor.run([mlp])
