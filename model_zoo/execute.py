@@ -379,11 +379,10 @@ def judge_built(case: Case, config, built, ctx, *, timings: dict, replay: bool =
     # on top of the cap too, so only its own temporaries (and a golden rerun's model) count against it.
     t0 = time.perf_counter()
     with memory_allowance(tensor_bytes(side.actual) + tensor_bytes(expected)) as given:
-        allowance["comparison"] = given
         verdict, precision = judge_case(case, config, side.actual, expected, target, reference, replay=replay)
     timings["comparison"] = time.perf_counter() - t0
     if given:
-        evidence["memory_allowance_mb"] = {k: round(v / 2**20, 1) for k, v in allowance.items()}
+        evidence.setdefault("memory_allowance_mb", {})["comparison"] = round(given / 2**20, 1)
     outcome = verdict_outcome(case, verdict, precision, side, expected, evidence, timings)
     outcome.cached_reference = cached
     return outcome, verdict
