@@ -59,6 +59,7 @@ reproducer checks, a user script's sides), with the same rules.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections import deque
@@ -200,10 +201,9 @@ class Supervisor:
                 slot.handle.stop()
             self._retire(slot)
         self.transport.close()
-        try:
-            os.rmdir(self._crash_dir)
-        except OSError:
-            pass
+        # Journals of cases that never completed (a timeout, a death past its resumes) have no one left to read
+        # them: the run's folder goes whole, or a nightly would leave one behind per run.
+        shutil.rmtree(self._crash_dir, ignore_errors=True)
 
     def __enter__(self) -> "Supervisor":
         return self

@@ -78,7 +78,10 @@ def test_a_compiler_that_dies_on_one_sample_crashes_that_sample_and_one_that_han
     float ``value``: the second sample), and hangs on any graph with tanh. The worker dies twice on addcmul (the
     batch, then the sample alone), and the case resumes past each death: one sample is a crash, the other
     passes. tanh's case times out alone; sin's, in the same run, passes."""
-    env = {"NEURON_VALIDATE_FAULTS": "crash@aten::addcmul,mode=compiler,dtype=float64;hang@aten::tanh,mode=compiler"}
+    temp = tmp_path / "tmp"  # the run's own temporary folders: the crash folder must not outlive the run
+    temp.mkdir()
+    env = {"NEURON_VALIDATE_FAULTS": "crash@aten::addcmul,mode=compiler,dtype=float64;hang@aten::tanh,mode=compiler",
+           "TMPDIR": str(temp)}
     # 25 s: the hang waits that long. The other cases' runs take 0.5-1.3 s at load 14 on 2 cores (a replacement
     # worker's first compile included; its start is not timed), so even a far busier machine stays well inside.
     rows = _ops(tmp_path, "--ops", "addcmul,tanh,sin", "--strategies", "none", "--max-samples", "2",
@@ -91,3 +94,5 @@ def test_a_compiler_that_dies_on_one_sample_crashes_that_sample_and_one_that_han
     assert compile["crashed"] == [1] and compile["deaths"] == 2 and 1 in compile["alone"]
     assert by_op["tanh"]["status"] == "timeout"
     assert by_op["sin"]["status"] == "pass"
+    left = list(temp.glob("neuron-validate-faults-*"))
+    assert not left, f"the timed-out case's journal kept the run's crash folder: {[p.name for p in left]}"
