@@ -48,6 +48,7 @@ from collections import OrderedDict
 from multiprocessing.connection import wait
 
 from conformance.settings import COMPILE_CACHE_ENV, RunSettings
+from emulator import FAULTS_ENV, PROFILE_ENV
 
 from .worker import CRASH_DIR_ENV
 
@@ -68,11 +69,13 @@ def forkable(settings: RunSettings) -> bool:
     return device == "neuron" and importlib.util.find_spec("torch_neuronx") is None  # the emulated device
 
 
-# Variables read only while cases run, never while modules are imported: a zygote is shared across their values,
+# Variables a worker takes when it starts, whatever was imported before: a zygote is shared across their values,
 # and each forked worker gets them as a spawned one would (the supervisor's at the fork, then its run's own).
 # The compile cache names a build's folder (a test session makes one per test), the crash folder a supervisor's,
-# pytest's variable the test.
-RUNTIME_ENV = frozenset({"PYTEST_CURRENT_TEST", COMPILE_CACHE_ENV, CRASH_DIR_ENV})
+# pytest's variable the test. The emulated device's profile and faults are read when it registers, at the import
+# of torch, but every worker sets them again as it starts (emulator.apply_environment): the zygote registers the
+# device with neither, and a run's faults strike only in its own workers, never in the zygote's imports.
+RUNTIME_ENV = frozenset({"PYTEST_CURRENT_TEST", COMPILE_CACHE_ENV, CRASH_DIR_ENV, PROFILE_ENV, FAULTS_ENV})
 KEEP_IDLE = 2  # idle zygotes a process keeps for its next runs (each holds torch and the libraries: ~0.7 GB)
 
 

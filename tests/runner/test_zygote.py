@@ -35,14 +35,25 @@ def test_workers_fork_from_one_zygote_with_the_runs_faults_and_threads():
     assert len(parents) == 1 and os.getpid() not in parents, "both workers are forked by one zygote"
 
 
-def test_a_second_run_with_other_faults_gets_its_own_zygote():
-    """The zygote imported torch with its run's environment; another environment is another zygote."""
-    add = next(c for c in _cases() if c.name == "add")
-    for faults, status in (("", Status.PASS), ("raise@aten::add", Status.ERROR)):
-        settings = RunSettings(target="neuron", timeout_s=300, warmup=("op",), env={"NEURON_VALIDATE_FAULTS": faults})
+def test_runs_with_other_faults_and_profiles_fork_from_one_zygote_and_each_worker_has_its_own():
+    """Faults and the numerics profile are set by each worker as it starts: runs that differ only there fork from
+    one zygote, each worker has its run's, and neither stays behind in the zygote for the next run."""
+    from runner.zygote import ZYGOTES
+
+    cases = [c for c in _cases() if c.name in ("add", "tanh")]
+    preloads = ZYGOTES.preloads
+    for faults, profile, add_status in (("", "", Status.PASS), ("raise@aten::add", "", Status.ERROR),
+                                        ("", "exact", Status.PASS), ("", "", Status.PASS)):
+        settings = RunSettings(target="neuron", timeout_s=300, warmup=("op",),
+                               env={"NEURON_VALIDATE_FAULTS": faults, "NEURON_VALIDATE_EMULATOR_PROFILE": profile})
         with Supervisor(settings, jobs=1) as supervisor:
-            outcome = supervisor.run_one(add)
-        assert outcome.status is status, (faults, outcome.message)
+            by_name = {next(c.name for c in cases if c.id == o.case_id): o for o in supervisor.run(cases)}
+        assert by_name["add"].status is add_status, (faults, profile, by_name["add"].message)
+        tanh = by_name["tanh"]
+        assert tanh.status is Status.PASS, tanh.message
+        # The default profile computes tanh from an activation table, judged by its precision model; exact does not.
+        assert ("within device precision" in tanh.message) == (profile != "exact"), (profile, tanh.message)
+    assert ZYGOTES.preloads - preloads <= 1, "the four runs forked from one zygote"
 
 
 def test_only_what_survives_a_fork_is_forked():
@@ -62,8 +73,9 @@ def test_a_long_lived_process_keeps_a_few_idle_zygotes_not_one_per_environment()
     pool = ZygotePool(keep_idle=1)
     transport = ProcessTransport(zygotes=pool)
     try:
-        for faults in ("", "raise@aten::add"):
-            handle = transport.start(RunSettings(target="neuron", warmup=("op",), env={"NEURON_VALIDATE_FAULTS": faults}))
+        for value in ("0", "1"):  # a variable torch reads as it is imported: another zygote
+            handle = transport.start(RunSettings(target="neuron", warmup=("op",),
+                                                 env={"TORCH_SHOW_CPP_STACKTRACES": value}))
             assert handle.zygote is not None
             handle.stop()
         assert pool.preloads == 2 and pool.held() == 1
