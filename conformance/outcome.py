@@ -32,6 +32,10 @@ class Status(str, Enum):
 # Evidence key: the CPU reference raised, so the case is a skip (the exception's text). A supervisor runs such a
 # case again in a fresh worker before the skip stands (runner.supervisor).
 REFERENCE_RAISED = "reference_raised"
+# Evidence key: the float64 golden could not be run (the exception's line), so the judge decided against the
+# reference alone. What refused it (the worker's memory cap, often: a float64 model is twice the float32 one) is
+# the golden's, not the case's: the verdict stands (runner.worker).
+GOLDEN_ERROR = "golden_error"
 
 PASSING = frozenset({Status.PASS, Status.XFAIL, Status.XPASS, Status.SKIP})
 FAILING = frozenset({Status.MISMATCH, Status.ERROR, Status.UNSUPPORTED, Status.CPU_FALLBACK, Status.CRASH, Status.TIMEOUT})

@@ -32,7 +32,7 @@ import torch
 
 from conformance.case import Case
 from conformance.host_copies import HostExecution, watch_host_copies
-from conformance.outcome import REFERENCE_RAISED, Outcome, Status
+from conformance.outcome import GOLDEN_ERROR, REFERENCE_RAISED, Outcome, Status
 from conformance.target import EAGER_UNDER_COMPILE, ran_eagerly
 from diff.judge import Judge, classify_error, one_line
 from diff.precision import model_for, perturbed_runs
@@ -229,7 +229,7 @@ def verdict_outcome(case: Case, verdict, precision, side: TargetRun, expected: d
                     timings: dict) -> Outcome:
     """The case's outcome from the judge's verdict and what ran on the host."""
     if verdict.golden_error:
-        evidence["golden_error"] = verdict.golden_error
+        evidence[GOLDEN_ERROR] = verdict.golden_error
     result = verdict.comparison
     evidence["metrics"] = result.worst
     evidence["compared"] = result.leaves
@@ -253,7 +253,9 @@ def verdict_outcome(case: Case, verdict, precision, side: TargetRun, expected: d
                                             "cannot be judged (dtypes, shapes and devices agree)")
     if not verdict:
         evidence["mismatches"] = [m.to_dict() for m in result.mismatches[:10]]
-        return outcome(Status.MISMATCH, verdict.message + side.host.mismatch_note())
+        alone = "judged against the CPU reference alone (its float64 golden could not run: evidence golden_error): "
+        return outcome(Status.MISMATCH, (alone if verdict.golden_error else "") + verdict.message
+                       + side.host.mismatch_note())
     if side.host.ops:
         return outcome(Status.CPU_FALLBACK, side.host.fallback_message())
     if verdict.within_precision:

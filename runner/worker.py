@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable
 
 from conformance.case import Case
-from conformance.outcome import Outcome, Status
+from conformance.outcome import GOLDEN_ERROR, Outcome, Status
 from conformance.settings import RunSettings
 
 from .executors import executor_for
@@ -258,8 +258,11 @@ def _execute(case: Case, ctx: WorkerContext, counts: dict[str, int]) -> Outcome:
             message=f"harness error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
             evidence={"harness_error": True, "traceback": traceback.format_exc()},
         )
+    # An executor that caught an allocation failure left it in its outcome: the case overran. A golden the judge
+    # did without is not that (conformance.outcome.GOLDEN_ERROR): the verdict stands.
+    scanned = {k: v for k, v in outcome.evidence.items() if k != GOLDEN_ERROR}
     if ctx.settings.rss_limit_mb and outcome.status is not Status.PASS and allocation_failure(
-            outcome.message + json.dumps(outcome.evidence, default=str)):
+            outcome.message + json.dumps(scanned, default=str)):
         return memory_outcome(case.id, ctx.settings, outcome.message, time.perf_counter() - start,
                               outcome.evidence)
     if outcome.failed and ctx.artifacts is not None and not outcome.evidence.get("harness_error"):

@@ -349,3 +349,20 @@ def test_workers_take_the_runs_profile_and_faults_when_the_main_module_imported_
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("error ") and "injected fault in aten::tanh" in line
                                    for line in lines), result.stdout
+
+
+def test_a_golden_that_needs_more_than_the_cap_leaves_the_verdict_to_the_reference_not_to_the_memory_cap(tmp_path):
+    """The CPU's float64 golden overruns the cap (its atanh asks for more memory, in float64 only); the float32
+    sides fit. A target 1% off is then judged against the reference alone, as the judge does whenever no golden
+    can be had: a mismatch, with the golden's refusal in the evidence. It is not the case's memory crash, which
+    the sides apart could never cure and which would be charged to the backend."""
+    mlp, tight, _ = tight_cap_mlp(tmp_path, TIGHT_CAP_SIDE="reference", TIGHT_CAP_OP="atanh",
+                                  TIGHT_CAP_DTYPE="float64")
+    faulty = replace(overrunning_below(tight, 1 << 62),
+                     env={**overrunning_below(tight, 1 << 62).env, "NEURON_VALIDATE_FAULTS": "perturb@aten::atanh,rel=0.01"})
+    with Supervisor(faulty) as supervisor:
+        (outcome,) = supervisor.run([mlp])
+    assert outcome.status is Status.MISMATCH, (outcome.status, outcome.message)
+    assert "allocate memory" in outcome.evidence["golden_error"], outcome.evidence.get("golden_error")
+    assert outcome.message.startswith("judged against the CPU reference alone"), outcome.message
+    assert not outcome.evidence.get("infra_retries") and not outcome.evidence.get("memory_cap"), outcome.evidence
