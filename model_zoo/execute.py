@@ -253,9 +253,11 @@ def verdict_outcome(case: Case, verdict, precision, side: TargetRun, expected: d
                                             "cannot be judged (dtypes, shapes and devices agree)")
     if not verdict:
         evidence["mismatches"] = [m.to_dict() for m in result.mismatches[:10]]
-        alone = "judged against the CPU reference alone (its float64 golden could not run: evidence golden_error): "
-        return outcome(Status.MISMATCH, (alone if verdict.golden_error else "") + verdict.message
-                       + side.host.mismatch_note())
+        # Why the golden could not run stays in the evidence: the worker reads an allocation failure in the
+        # message as the case's own.
+        alone = ("judged against the CPU reference alone (its float64 golden could not run: golden_error): "
+                 if verdict.golden_error else "")
+        return outcome(Status.MISMATCH, alone + verdict.message + side.host.mismatch_note())
     if side.host.ops:
         return outcome(Status.CPU_FALLBACK, side.host.fallback_message())
     if verdict.within_precision:

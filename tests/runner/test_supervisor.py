@@ -358,8 +358,8 @@ def test_a_golden_that_needs_more_than_the_cap_leaves_the_verdict_to_the_referen
     the sides apart could never cure and which would be charged to the backend."""
     mlp, tight, _ = tight_cap_mlp(tmp_path, TIGHT_CAP_SIDE="reference", TIGHT_CAP_OP="atanh",
                                   TIGHT_CAP_DTYPE="float64")
-    faulty = replace(overrunning_below(tight, 1 << 62),
-                     env={**overrunning_below(tight, 1 << 62).env, "NEURON_VALIDATE_FAULTS": "perturb@aten::atanh,rel=0.01"})
+    capped = overrunning_below(tight, 1 << 62)
+    faulty = replace(capped, env={**capped.env, "NEURON_VALIDATE_FAULTS": "perturb@aten::atanh,rel=0.01"})
     with Supervisor(faulty) as supervisor:
         (outcome,) = supervisor.run([mlp])
     assert outcome.status is Status.MISMATCH, (outcome.status, outcome.message)
