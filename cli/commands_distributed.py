@@ -41,22 +41,22 @@ def _names(suite: str, world: int) -> list[str]:
 
 def cmd_distributed(args) -> int:
     apply_environment(args)
-    from distributed.execute import SAMPLE_SUITES, distributed_case
-    from distributed.parity import SETUPS
-
-    try:
+    try:  # the options that need no suite checked first: the suites' modules import torch (seconds)
         worlds = [int(w) for w in _split(args.world_size)]
     except ValueError:
         raise UsageError(f"--world-size {args.world_size!r}: expected comma-separated integers, e.g. 2,4") from None
     if not worlds or any(w < 2 for w in worlds):
         raise UsageError(f"--world-size {args.world_size!r}: every world size must be at least 2")
+    if args.steps < 1:
+        raise UsageError(f"--steps {args.steps}: must be at least 1")
+    from distributed.execute import SAMPLE_SUITES, distributed_case
+    from distributed.parity import SETUPS
+
     known = (*SAMPLE_SUITES, *SETUPS)
     suites = _split(args.suite) or list(known)
     for suite in suites:
         if suite not in known:
             raise UsageError(f"--suite {suite!r}: unknown suite (suites: {', '.join(known)})")
-    if args.steps < 1:
-        raise UsageError(f"--steps {args.steps}: must be at least 1")
     plan = plan_run(args)
     from distributed.backends import devices_short
 

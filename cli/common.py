@@ -77,10 +77,12 @@ def apply_environment(args) -> None:
             parse_faults(faults)
         except FaultSpecError as exc:
             raise UsageError(f"$NEURON_VALIDATE_FAULTS: {exc}") from None
-    from diff.precision import PRECISION_MODEL_ENV, PrecisionModelError, load_model
+    from conformance.settings import PRECISION_MODEL_ENV
 
     path = getattr(args, "precision_model", None) or os.environ.get(PRECISION_MODEL_ENV)
     if path:
+        from diff.precision import PrecisionModelError, load_model  # imports torch: only for a model to check
+
         try:
             load_model(path)
         except PrecisionModelError as exc:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 EMULATOR_ENV = ("NEURON_VALIDATE_EMULATOR_PROFILE", "NEURON_VALIDATE_FAULTS", "NEURON_VALIDATE_EMULATOR_AUTOLOAD")
 BACKEND_MODULES_ENV = "NEURON_VALIDATE_BACKEND_MODULES"
 COMPILE_CACHE_ENV = "NEURON_VALIDATE_COMPILE_CACHE"  # read by emulator/compile_backend.py (a layer below)
+PRECISION_MODEL_ENV = "NEURON_VALIDATE_PRECISION_MODEL"  # read by diff/precision.py
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

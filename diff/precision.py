@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-PRECISION_MODEL_ENV = "NEURON_VALIDATE_PRECISION_MODEL"
+from conformance.settings import PRECISION_MODEL_ENV
+
 RUNS = 4  # perturbed reference runs (the K of the noise floor)
 SPREAD_MULTIPLE = 4.0  # the target may deviate this many times the reference's spread
 # Each element's spread is at least this share of its tensor's RMS spread: with K runs, some elements'
