@@ -1,0 +1,76 @@
+"""diff.sides.side_model: a side's copy of a model is made on its device directly, and is the same model.
+
+The copy no longer goes through a CPU copy first. What must not change: the copy's values, which parameters
+are shared and which are frozen, buffers and their dtypes, modules that do more in ``Module.to`` than move
+tensors, parameter subclasses, and the original model, which the reference trains afterwards.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from diff.sides import run_model, side_model
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.norm = nn.BatchNorm1d(8)
+        self.head = nn.Linear(8, 10, bias=False)
+        self.head.weight = self.embed.weight  # tied, as a language model's head and embedding
+        self.frozen = nn.Linear(8, 8)
+        self.frozen.requires_grad_(False)
+        self.rnn = nn.LSTM(8, 8, batch_first=True)  # its _apply rebuilds the flat weights
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        h, _ = self.rnn(self.frozen(h))
+        return self.head(self.norm(h.mean(1)))
+
+
+class Marked(nn.Parameter):
+    """A parameter subclass: left to deepcopy and Module.to, as before."""
+
+
+def test_the_copy_is_made_on_the_device_with_the_models_sharing_freezing_and_buffers(neuron):
+    torch.manual_seed(0)
+    model = Tied()
+    model.extra = Marked(torch.randn(3))
+    model.embed.weight.grad = torch.ones_like(model.embed.weight)  # a copy does not bring .grad, as deepcopy did not
+    copy = side_model(model, neuron)
+
+    assert copy.head.weight is copy.embed.weight
+    assert copy.frozen.weight.requires_grad is False and copy.embed.weight.requires_grad
+    assert copy.embed.weight.grad is None
+    assert isinstance(copy.extra, Marked) and copy.extra.device.type == "neuron"
+    for (name, a), (_, b) in zip(model.state_dict().items(), copy.state_dict().items()):
+        assert b.device.type == "neuron" and b.dtype == a.dtype, name
+        assert torch.equal(a, b.cpu()), name
+    assert all(type(p) in (nn.Parameter, Marked) for p in copy.parameters())
+    assert all(p.device.type == "cpu" for p in model.parameters())  # the original stays where it was
+
+    ids = torch.randint(0, 10, (4, 5))
+    expected = model(ids)
+    actual = copy(ids.to(neuron))  # the LSTM runs on its rebuilt flat weights
+    torch.testing.assert_close(actual.cpu(), expected)
+
+
+def test_training_the_copy_leaves_the_original_alone_and_a_cast_copy_casts_floating_tensors_only(neuron):
+    torch.manual_seed(0)
+    model = Tied()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    run = run_model(model, device=neuron, inputs=torch.randint(0, 10, (4, 5)), loss=lambda out, _: out.square().mean(),
+                    steps=2, optimizer_factory=lambda params: torch.optim.SGD(params, lr=0.5), train=True,
+                    keep_params=True)
+    assert any(not torch.equal(before[k], v.cpu()) for k, v in run.params.items())
+    for k, v in model.state_dict().items():
+        assert torch.equal(before[k], v), k
+
+    golden = side_model(model, torch.device("cpu"), torch.float64)
+    assert golden.embed.weight.dtype == torch.float64 and golden.norm.running_var.dtype == torch.float64
+    assert golden.norm.num_batches_tracked.dtype == torch.int64
+    assert golden.embed.weight.data_ptr() != model.embed.weight.data_ptr()
+    copy_on_cpu = side_model(model, torch.device("cpu"))
+    assert copy_on_cpu.embed.weight.data_ptr() != model.embed.weight.data_ptr()  # a copy, even on the same device
