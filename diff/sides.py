@@ -119,8 +119,9 @@ def side_model(model: torch.nn.Module, device, dtype: torch.dtype | None = None,
     """The model as one side runs it: a deep copy (unless told to use it), on ``device``, in ``dtype``.
 
     The copy's parameters and buffers are made on ``device`` (in ``dtype``) directly, not copied on the CPU
-    first and then again: that first copy was as large as the model and cost a side as much time as
-    its smaller steps. ``Module.to`` still runs on the copy, for modules that do more there than move tensors.
+    first and then moved: that first copy held every parameter once more and took a third to a half of the
+    time the copy takes (timm's hrnet_w64 onto the emulated device: 0.24 s, now 0.14 s). ``Module.to`` still
+    runs on the copy, for modules that do more there than move tensors (an LSTM's flat weights).
     """
     m = copy.deepcopy(model, _moved_tensors(model, device, dtype)) if copy_model else model
     if dtype is not None:
