@@ -144,9 +144,12 @@ def _moved_tensors(model: torch.nn.Module, device, dtype: torch.dtype | None) ->
             value = value.to(cast).to(device)  # cast where the tensor is, as Module.to(dtype) then .to(device)
         else:
             value = value.to(device, copy=True)
-        # Parameter.__deepcopy__ makes a new Parameter of the data alone (no .grad, no attributes): so does this.
-        memo[id(t)] = torch.nn.Parameter(value, t.requires_grad) if type(t) is torch.nn.Parameter else \
-            value.requires_grad_(t.requires_grad)
+        if type(t) is torch.nn.Parameter:  # Parameter.__deepcopy__ keeps the data alone (no .grad, no attributes)
+            memo[id(t)] = torch.nn.Parameter(value, t.requires_grad)
+        else:  # Tensor.__deepcopy__ keeps a buffer's attributes too
+            memo[id(t)] = value.requires_grad_(t.requires_grad)
+            if t.__dict__:
+                value.__dict__.update(copy.deepcopy(t.__dict__, memo))
     return memo
 
 

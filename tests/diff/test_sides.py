@@ -39,11 +39,13 @@ def test_the_copy_is_made_on_the_device_with_the_models_sharing_freezing_and_buf
     model = Tied()
     model.extra = Marked(torch.randn(3))
     model.embed.weight.grad = torch.ones_like(model.embed.weight)  # a copy does not bring .grad, as deepcopy did not
+    model.norm.running_mean.note = ["kept"]  # a buffer's own attribute, which deepcopy copied
     copy = side_model(model, neuron)
 
     assert copy.head.weight is copy.embed.weight
     assert copy.frozen.weight.requires_grad is False and copy.embed.weight.requires_grad
     assert copy.embed.weight.grad is None
+    assert copy.norm.running_mean.note == ["kept"] and copy.norm.running_mean.note is not model.norm.running_mean.note
     assert isinstance(copy.extra, Marked) and copy.extra.device.type == "neuron"
     for (name, a), (_, b) in zip(model.state_dict().items(), copy.state_dict().items()):
         assert b.device.type == "neuron" and b.dtype == a.dtype, name
