@@ -25,8 +25,9 @@ what a spawned side had when its script started: torch and the harness
 imported, with that side's environment (the CPU side's turns the device
 backends' autoload off, so it has its own zygote). Each forked worker seeds
 Python's and NumPy's global generators from the OS, as a new interpreter
-does: a script that draws from them unseeded sees other numbers in each
-side and each run, as it did when every side was spawned.
+does, so no two workers share a stream by accident; a script's side then
+seeds them from its check's ``--seed``, alike on every side
+(validate/training.py).
 
 Zygotes belong to the process (:class:`ZygotePool`), not to one run: a
 check's second supervisor (its perturbed runs), a test session's next run

@@ -371,6 +371,7 @@ def _run_script(spec: ChildSpec, here, state: _State, side: SideObservations, de
 
         perturb = PerturbMode(model=PrecisionModel.from_dict(spec.precision), seed=spec.perturb_seed)
     draws = _draws_for(spec, here)
+    _seed_host_generators(spec.seed + int(os.environ.get("RANK", "0") or 0))
     with here.track_ops() as tracker, perturb, draws:
         try:
             runpy.run_path(spec.script, run_name="__main__")
@@ -387,6 +388,25 @@ def _run_script(spec: ChildSpec, here, state: _State, side: SideObservations, de
             _uninstall(torch, originals)
     side.seconds = time.perf_counter() - state.started
     return tracker.trace, draws
+
+
+def _seed_host_generators(seed: int) -> None:
+    """Python's and NumPy's global generators start alike on every side (the same rank of each side).
+
+    A new interpreter seeds them from the OS, so a script that draws from them unseeded (DCGAN's
+    ``manualSeed = random.randint(1, 10000)`` before ``torch.manual_seed``, a ``random.shuffle`` of its file
+    list, NumPy augmentation) would see other numbers on each side: other weights and other batches, and a
+    comparison of different computations. Both draw on the host, never on the device under test, so sharing
+    them hides nothing of the backend's. torch's own generator is left as the script finds it: it starts from
+    its fixed default seed in every process, as under ``python SCRIPT``."""
+    import random
+
+    random.seed(seed)
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(seed % 2**32)
 
 
 def _side_observations(here, state: _State, side: SideObservations, draws) -> None:

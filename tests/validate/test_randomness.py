@@ -124,10 +124,11 @@ def test_a_random_kernel_that_raises_on_the_device_is_the_targets_failure(valida
     assert "injected fault" in fails["title"] and not run.findings("harness")
 
 
-def test_sides_forked_from_one_zygote_draw_other_unseeded_python_and_numpy_numbers(tmp_path):
-    """Two CPU sides of one check fork from one zygote (runner/zygote.py). A script that draws from Python's and
-    NumPy's global generators without seeding them must see other numbers in each, as spawned sides did: the
-    fork reseeds both from the OS."""
+def test_every_side_draws_the_same_unseeded_python_and_numpy_numbers_and_the_seed_changes_them(tmp_path):
+    """A script that draws from Python's and NumPy's global generators without seeding them (DCGAN draws its
+    torch seed from ``random.randint``) sees the same numbers on every side of a check, or the sides would
+    compare other weights and other batches. The sides fork from one zygote, which reseeds each fork from the
+    OS (runner/zygote.py); the check's ``--seed`` then decides, and another seed gives other numbers."""
     from conformance.case import Case
     from conformance.outcome import Status
     from conformance.settings import RunSettings
@@ -140,20 +141,21 @@ def test_sides_forked_from_one_zygote_draw_other_unseeded_python_and_numpy_numbe
         import random
         import numpy
         import torch
-        print("draws", random.random(), numpy.random.rand())
+        torch.manual_seed(random.randint(1, 10000))
+        print("draws", random.random(), numpy.random.rand(), torch.rand(()).item())
         model = torch.nn.Linear(4, 1)
         loss = model(torch.ones(2, 4)).sum()
         loss.backward()
         """))
     jobs = []
-    for label in ("perturbed-0", "perturbed-1"):
+    for label, seed in (("perturbed-0", 0), ("perturbed-1", 0), ("seed-1", 1)):
         spec = ChildSpec(script=str(script), convention="training", side="reference", target="neuron",
-                         reference="cpu", out=str(tmp_path / label))
+                         reference="cpu", out=str(tmp_path / label), seed=seed)
         jobs.append(Job(case=Case(kind="script-side", name=str(script), mode=label, config=spec.to_config()),
                         env=CPU_SIDE_ENV))
     with Supervisor(RunSettings(target="neuron", timeout_s=300), jobs=2, fresh=True) as supervisor:
         outcomes = [outcome for _, outcome in supervisor.run_jobs(jobs)]
     assert all(o.status is Status.PASS for o in outcomes), [o.message for o in outcomes]
     draws = [next(line for line in (tmp_path / label / "stdout.txt").read_text().splitlines()
-                  if line.startswith("draws")) for label in ("perturbed-0", "perturbed-1")]
-    assert draws[0] != draws[1], draws
+                  if line.startswith("draws")) for label in ("perturbed-0", "perturbed-1", "seed-1")]
+    assert draws[0] == draws[1] != draws[2], draws
