@@ -48,9 +48,25 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 
 
-def draws(func) -> bool:
-    """Whether an ATen op draws random numbers from a generator."""
-    return RANDOM_TAG in func.tags and func._schema.name not in NOT_DRAWS
+def draws(func, args=(), kwargs=None) -> bool:
+    """Whether this call of an ATen op draws random numbers from a generator.
+
+    PyTorch tags every attention kernel random for its dropout, but one called with ``dropout_p=0`` (an
+    evaluation pass, a model without attention dropout: most of them) draws nothing. Taken for a draw, the
+    target's attention would be computed on the CPU (SharedDraws) and never judged: a device attention 5%
+    off passed the migration check of a model whose attention has no dropout."""
+    if RANDOM_TAG not in func.tags or func._schema.name in NOT_DRAWS:
+        return False
+    for index, argument in enumerate(func._schema.arguments):
+        if argument.name == "dropout_p":
+            if kwargs and "dropout_p" in kwargs:
+                value = kwargs["dropout_p"]
+            elif index < len(args) and not argument.kwarg_only:
+                value = args[index]
+            else:
+                value = argument.default_value
+            return value is None or value != 0
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,23 +153,34 @@ def first_parting(reference: DrawLog, target: DrawLog) -> Parting | None:
 # The output that carries the draw, where it is not the first (dropout's mask: the CPU's decomposition draws
 # it with bernoulli_, a device's native_dropout returns it second).
 _DRAWN_OUTPUT = {"aten::native_dropout": 1, "aten::_fused_dropout": 1}
-# Draws whose distribution depends on an input tensor's values (probabilities, rates, means): on a side
-# whose training took another path their inputs differ, so their moments are not compared.
-_VALUE_DEPENDENT = frozenset({"aten::multinomial", "aten::bernoulli", "aten::poisson", "aten::binomial",
-                              "aten::_standard_gamma", "aten::_sample_dirichlet"})
+# Draws whose distribution depends on nothing but shapes and scalar arguments: only theirs are compared as
+# distributions. Any other draw (probabilities, rates or means given as tensors; attention with dropout, whose
+# output is the attention's; rrelu's noise times its input) depends on its inputs' values, which differ on a
+# side whose training took another path, as the target's own stream does.
+_SHAPE_ONLY = frozenset({
+    "aten::rand", "aten::rand_like", "aten::randn", "aten::randn_like", "aten::randint", "aten::randint_like",
+    "aten::randperm", "aten::uniform_", "aten::uniform", "aten::normal_", "aten::normal_functional",
+    "aten::exponential_", "aten::exponential", "aten::geometric_", "aten::geometric", "aten::log_normal_",
+    "aten::log_normal", "aten::cauchy_", "aten::cauchy", "aten::random_", "aten::random",
+    "aten::native_dropout", "aten::_fused_dropout"})  # the dropouts' masks (_DRAWN_OUTPUT)
 
 
-def _value_dependent(func) -> bool:
+def _shape_only(func) -> bool:
     name, overload = func._schema.name, func._schema.overload_name
-    return (name in _VALUE_DEPENDENT or (name == "aten::bernoulli_" and overload.startswith("Tensor"))
-            or (name in ("aten::normal", "aten::normal_functional") and "Tensor" in overload))
+    if name == "aten::normal":
+        return "Tensor" not in overload  # float mean and std (float_float, out)
+    if name == "aten::bernoulli_":
+        return overload == "float"
+    if name == "aten::bernoulli":
+        return overload in ("p", "float_out")  # a float p; the others take it from a tensor
+    return name in _SHAPE_ONLY
 
 
 def _moments(func, out) -> tuple[float, float, float, float] | None:
     """(n, mean, variance, fourth central moment) of the drawn values, in float64 (None where the draw's
     distribution depends on its inputs' values)."""
     op = func._schema.name
-    if _value_dependent(func):
+    if not _shape_only(func):
         return None
     leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
     index = _DRAWN_OUTPUT.get(op, 0)
@@ -348,7 +375,7 @@ class SharedDraws(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not draws(func):
+        if not draws(func, args, kwargs):
             return func(*args, **kwargs)
         index = len(self.log)
         device = _device_of(args, kwargs)

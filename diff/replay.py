@@ -27,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from .draws import draws
 from .precision import PrecisionModel, perturbed_runs
 from .sides import to_device
 
@@ -78,7 +79,7 @@ def replay_ops(run: Callable[[], Any], *, device: torch.device, judge_for: Calla
     def judge_op(func, args, kwargs, out, phase: str) -> None:
         name = func._schema.name
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if (not tensors or name in SKIPPED or torch.Tag.nondeterministic_seeded in func.tags
+        if (not tensors or name in SKIPPED or draws(func, args, kwargs)
                 or not _floating(out) or any(t.device.type != "cpu" for t in tensors)):
             return
         result.judged += 1
