@@ -48,7 +48,8 @@ def build_parser() -> OneLineParser:
                         "stop at its N-th backward(); 0 skips the curves)")
     g.add_argument("--seed", type=int, default=0,
                    help="seed of the functions convention's weights and inputs; for a training script, of "
-                        "Python's and NumPy's global generators, alike on every side (default 0)")
+                        "Python's, NumPy's and torch's global generators, alike on every side, unless the "
+                        "script seeds them itself (default 0)")
     g.add_argument("--rtol", type=float, default=None, help="loss-curve band, relative (default 0.05)")
     g.add_argument("--max-failing-steps", type=int, default=None, metavar="K",
                    help="steps allowed outside the band (default: 10%% of the steps, at least 1)")

@@ -26,7 +26,7 @@ imported, with that side's environment (the CPU side's turns the device
 backends' autoload off, so it has its own zygote). Each forked worker seeds
 Python's and NumPy's global generators from the OS, as a new interpreter
 does, so no two workers share a stream by accident; a script's side then
-seeds them from its check's ``--seed``, alike on every side
+seeds them, and torch's, from its check's ``--seed``, alike on every side
 (validate/training.py).
 
 Zygotes belong to the process (:class:`ZygotePool`), not to one run: a

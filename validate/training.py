@@ -371,7 +371,7 @@ def _run_script(spec: ChildSpec, here, state: _State, side: SideObservations, de
 
         perturb = PerturbMode(model=PrecisionModel.from_dict(spec.precision), seed=spec.perturb_seed)
     draws = _draws_for(spec, here)
-    _seed_host_generators(spec.seed + int(os.environ.get("RANK", "0") or 0))
+    _seed_generators(spec.seed + int(os.environ.get("RANK", "0") or 0))
     with here.track_ops() as tracker, perturb, draws:
         try:
             runpy.run_path(spec.script, run_name="__main__")
@@ -390,18 +390,22 @@ def _run_script(spec: ChildSpec, here, state: _State, side: SideObservations, de
     return tracker.trace, draws
 
 
-def _seed_host_generators(seed: int) -> None:
-    """Python's and NumPy's global generators start alike on every side (the same rank of each side).
+def _seed_generators(seed: int) -> None:
+    """Python's, NumPy's and torch's global generators start alike on every side (the same rank of each side).
 
-    A new interpreter seeds them from the OS, so a script that draws from them unseeded (DCGAN's
-    ``manualSeed = random.randint(1, 10000)`` before ``torch.manual_seed``, a ``random.shuffle`` of its file
-    list, NumPy augmentation) would see other numbers on each side: other weights and other batches, and a
-    comparison of different computations. Both draw on the host, never on the device under test, so sharing
-    them hides nothing of the backend's. torch's own generator is left as the script finds it: it starts from
-    its fixed default seed in every process, as under ``python SCRIPT``."""
+    A new interpreter seeds all three from the OS (torch 2.14 too: ``torch.initial_seed()`` differs from one
+    ``import torch`` to the next), so a script that does not seed them (imagenet's ``--seed`` defaults to
+    None; DCGAN draws its torch seed from ``random.randint(1, 10000)``; a ``random.shuffle`` of its file list,
+    NumPy augmentation) would start each side from other weights and other batches: a comparison of
+    different computations. A script that seeds them itself overrides this, as it would anyway. The sides'
+    random draws on the device are the reference's or compared as a distribution (diff/draws.py): the same
+    seed hides nothing of the backend's."""
     import random
 
+    import torch
+
     random.seed(seed)
+    torch.manual_seed(seed)
     try:
         import numpy
     except ImportError:
