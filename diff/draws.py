@@ -46,6 +46,7 @@ RANDOM_TAG = torch.Tag.nondeterministic_seeded
 NOT_DRAWS = frozenset({"aten::_fused_sdp_choice"})
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
+_DATA_FETCH = os.path.join(_TORCH, "utils", "data", "_utils", "fetch.py")
 
 
 def draws(func, args=(), kwargs=None) -> bool:
@@ -291,6 +292,23 @@ def _digest(generator: torch.Generator) -> str:
     return hashlib.blake2b(state.numpy().tobytes(), digest_size=8).hexdigest()
 
 
+def _fetching_data() -> bool:
+    """Whether a DataLoader is fetching a batch in this process (its dataset and collate run under it).
+
+    Such draws are data, not the model's randomness, and where they run depends on ``num_workers``: in this
+    process with none, in worker processes (which no mode sees) with some. pytorch/examples' scripts give
+    ``num_workers=1`` only when an accelerator is present, so the reference logged its dataset's draws and
+    the target did not: the logs were misaligned from the first batch on (a false "the sides ask for
+    different random numbers", and the device's own draws looked up at the wrong indices). They are left
+    to the dataset; whether both sides got the same data is the same-start check's to say."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename == _DATA_FETCH:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _caller(source_files: tuple[str, ...]) -> str:
     """The line that asked for the draw: a user's file first, else the first frame outside torch and this package."""
     frame = sys._getframe(2)
@@ -375,7 +393,7 @@ class SharedDraws(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not draws(func, args, kwargs):
+        if not draws(func, args, kwargs) or _fetching_data():
             return func(*args, **kwargs)
         index = len(self.log)
         device = _device_of(args, kwargs)

@@ -211,3 +211,47 @@ def test_draws_whose_inputs_differ_between_the_sides_are_not_compared_as_distrib
         emulator.set_profile("exact")
     assert len(target.on_device) == 32
     assert compare_streams(reference, target, target.on_device) == []
+
+
+class _NoisyImages(torch.utils.data.Dataset):
+    """Draws while a DataLoader fetches: from a generator of its own per item, as torchvision's FakeData does
+    (``restores``), or from the global one, as random augmentations do."""
+
+    def __init__(self, restores: bool) -> None:
+        self.restores = restores
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if not self.restores:
+            return torch.randn(3, 4, 4) * torch.rand(())
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(index)
+            return torch.randn(3, 4, 4) * torch.rand(())
+
+
+def _training_with_loader(num_workers: int, restores: bool) -> "SharedDraws":
+    torch.manual_seed(0)
+    with SharedDraws() as mode:
+        model = torch.nn.Linear(16, 1)  # draws: its initialisation
+        loader = torch.utils.data.DataLoader(_NoisyImages(restores), batch_size=8, shuffle=True,
+                                             num_workers=num_workers)
+        for step, batch in zip(range(4), loader):  # within the epoch: its end draws again, when the sampler ends
+            F.dropout(model(batch.reshape(8, 3, 16)), 0.2).sum()
+    return mode
+
+
+def test_draws_of_a_dataset_are_not_the_models_whatever_the_loaders_workers():
+    """pytorch/examples give ``num_workers=1`` only when an accelerator is present: the reference's dataset
+    drew in its own process, the target's in a worker no mode sees. Logged, the reference's data draws
+    misaligned the logs from the first batch on (VAE on FakeData: "the sides ask for different random numbers
+    from random draw 14"). The model's draws line up whatever the loader does; where the dataset drew from
+    the global generator in one process only, the generators do part, and the logs say so."""
+    for restores in (True, False):
+        in_process, in_workers = _training_with_loader(0, restores).log, _training_with_loader(1, restores).log
+        assert [d.op for d in in_process.draws] == [d.op for d in in_workers.draws]
+        # initialisation; the loader's seed, the sampler's seed and permutation; a dropout a batch
+        assert len(in_process) == 2 + 3 + 4
+        parting = first_parting(in_process, in_workers)
+        assert (parting is None) if restores else (parting.index == 5 and parting.target.op == "aten::bernoulli_")
