@@ -18,7 +18,7 @@ import os
 import platform
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from .settings import BACKEND_MODULES_ENV
@@ -195,6 +195,10 @@ class Target:
     @property
     def compiles(self) -> bool:
         return self.spec.mode == "compile"
+
+    def in_mode(self, mode: str) -> "Target":
+        """This target on the same device and backend, run in ``mode`` (eager or compile)."""
+        return replace(self, spec=replace(self.spec, mode=mode))
 
     @property
     def own_random_stream(self):

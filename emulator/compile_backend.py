@@ -180,8 +180,15 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
         return make_boxed_func(run)
 
-    return aot_autograd(fw_compiler=lambda g, i: compiler(g, i, "forward"),
-                        bw_compiler=lambda g, i: compiler(g, i, "backward"))(gm, example_inputs)
+    # The emulated compiler is not inductor and reads none of its settings. PyTorch's joint-graph passes do
+    # read inductor's fallback_random (which the harness sets so that inductor leaves random ops to ATen):
+    # under it they keep every op tagged random, and SDPA's kernel choice (_fused_sdp_choice, an int) then
+    # stops the partitioner: "Expected _fused_sdp_choice to be a tensor" for any attention trained compiled.
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(fallback_random=False):
+        return aot_autograd(fw_compiler=lambda g, i: compiler(g, i, "forward"),
+                            bw_compiler=lambda g, i: compiler(g, i, "backward"))(gm, example_inputs)
 
 
 class CompilerError(RuntimeError):

@@ -110,6 +110,13 @@ def check_numerics(obs: dict, ctx: CheckContext) -> list[Finding]:
     if not loc or loc.get("target_failure"):
         return findings
     compiled = obs.get("compiled") or {}
+    if compiled.get("error"):  # never "eager and compiled outputs match" when nothing compiled was compared
+        findings.append(Finding(
+            check="numerics", severity="warning", subject="compiled",
+            title=f"compiled outputs not compared: the compiled check failed: {compiled['error'].get('message', '')}",
+            hint="the training itself ran compiled (its loss curve is compared); run the model compiled alone "
+                 "to see where its compilation fails"))
+        compiled = {}
     compiled_ok = all((compiled.get(k) or {"ok": True})["ok"] for k in ("outputs", "gradients"))
     deterministic = loc.get("reference_deterministic", True)
     leaves = (loc.get("outputs") or {}).get("leaves", 0)

@@ -56,6 +56,7 @@ class _State:
         self.pending: list[float] = []  # backward() losses since the last optimizer step
         self.optimizer_steps = 0
         self.script_compiles: list[str] = []  # where the script calls torch.compile itself
+        self.model_compiled = False  # the compared call went through the script's own compile of the model
         self.harness_compiles = False
         self.first_call_time: float | None = None
         self.depth = 0
@@ -182,8 +183,11 @@ def _capturing_call(state: _State, torch, here, orig_call):
         if not any(True for _ in self.parameters()):
             return orig_call(self, *args, **kwargs)
         builds_graph = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        # torch.compile(model) hands back a wrapper (_orig_mod); model.compile() compiles in place
+        compiled_by_script = hasattr(self, "_orig_mod") or getattr(self, "_compiled_call_impl", None) is not None
         if not builds_graph:
             if not state.root_type:  # the first call: kept until a call with gradients replaces it
+                state.model_compiled = compiled_by_script
                 _capture(state, torch, getattr(self, "_orig_mod", self), args, kwargs, here)
             state.depth += 1  # its submodules' calls are not the model's
             try:
@@ -191,6 +195,7 @@ def _capturing_call(state: _State, torch, here, orig_call):
             finally:
                 state.depth -= 1
         state.captured = True  # only a call that builds a graph is captured for good
+        state.model_compiled = compiled_by_script
         _capture(state, torch, getattr(self, "_orig_mod", self), args, kwargs, here)
         if here.compiles and not hasattr(self, "_orig_mod"):
             state.harness_compiles = True  # the harness's compile, not the script's
@@ -471,15 +476,18 @@ def _compare_snapshot(spec: ChildSpec, here, state: _State, side: SideObservatio
                                                     grad_output=grad, files=[spec.script]))
     except Exception as exc:  # noqa: BLE001 - localisation is evidence, never a reason to lose the run
         result["localization_error"] = error_info(exc, files=[spec.script])["message"]
-    if here.compiles and side.error is None:
+    if (here.compiles or state.model_compiled) and side.error is None:
         # The compiled model's outputs (and gradients) against the eager reference, as in the
-        # functions convention: a compiler bug is a numerics finding, not a loss-curve wobble.
+        # functions convention: a compiler bug is a numerics finding, not a loss-curve wobble. Also where
+        # the script compiles its model itself and the target runs eagerly: the target trained it compiled
+        # (with its own backend), and a compile-only fault 1% off in every matmul moved nanoGPT's loss by
+        # 0.01% in 10 steps, within the curves' band.
         from .functions import compiled_check
 
         progress(side="target", phase="compile")
         with _autocast(state.autocast, ("cpu", here.device.type)):
-            result["compiled"] = compiled_check(state.snapshot, args, kwargs, target=here, reference=reference,
-                                                grad_output=grad, files=[spec.script])
+            result["compiled"] = compiled_check(state.snapshot, args, kwargs, target=here.in_mode("compile"),
+                                                reference=reference, grad_output=grad, files=[spec.script])
 
 
 def _caller_outside_torch(torch) -> str:
