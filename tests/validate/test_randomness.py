@@ -164,47 +164,16 @@ def test_every_side_draws_the_same_unseeded_python_numpy_and_torch_numbers_and_t
     assert draws[0] == draws[1] != draws[2], draws
 
 
-ATTENTION_WITHOUT_DROPOUT = textwrap.dedent("""\
-    import torch
-    import torch.nn.functional as F
-
-    device = torch.accelerator.current_accelerator() or torch.device("cpu")
-    torch.manual_seed(0)
-
-
-    class Attention(torch.nn.Module):
-        def __init__(self, d=32, heads=4):
-            super().__init__()
-            self.heads, self.qkv, self.out = heads, torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
-
-        def forward(self, x):
-            b, t, d = x.shape
-            q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-            return self.out(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d))
-
-
-    model = torch.nn.Sequential(Attention(), torch.nn.GELU(), torch.nn.Linear(32, 1)).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    for step in range(8):
-        x = torch.randn(8, 16, 32)
-        loss = F.mse_loss(model(x.to(device)), x.sum(-1, keepdim=True).to(device))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    """)
-
-
-def test_attention_without_dropout_is_the_devices_own_and_a_fault_in_it_is_found(validate, tmp_path):
+def test_attention_without_dropout_is_the_devices_own_and_a_fault_in_it_is_found(validate):
     """PyTorch tags every attention kernel random, for its dropout. Called with ``dropout_p=0`` it draws
     nothing: it must run on the device and be judged, not be taken from the CPU as a draw (a device attention
     5% off was READY before)."""
-    script = tmp_path / "attention.py"
-    script.write_text(ATTENTION_WITHOUT_DROPOUT)
+    script = os.path.join(os.path.dirname(__file__), "scripts", "attention_training.py")  # no dropout
     fault = "perturb@aten::_scaled_dot_product_flash_attention_for_cpu,rel=0.05"
-    run = validate(str(script), *EXACT, env={"NEURON_VALIDATE_FAULTS": fault})
+    run = validate(script, *EXACT, env={"NEURON_VALIDATE_FAULTS": fault})
     assert run.returncode == 1 and run.report["verdict"] == "not ready", run.stdout
     (numerics,) = run.findings("numerics", "error")
     assert numerics["data"]["op"] == "aten::_scaled_dot_product_flash_attention_for_cpu", numerics
-    clean = validate(str(script), *EXACT)
+    clean = validate(script, *EXACT)
     assert clean.returncode == 0 and clean.report["verdict"] == "ready", clean.stdout
     assert clean.report["randomness"]["on_device"] == 0 and not clean.findings("random-stream")

@@ -76,7 +76,7 @@ def test_a_script_that_compiles_its_own_model_has_its_compiled_outputs_judged(va
     judged, not only the loss curves (a compile-only fault 1% off in every matmul moved nanoGPT's loss by 0.01%
     in 10 steps and was READY). The clean run trains attention with dropout compiled, which the emulated
     compiler failed on while the harness's draws set inductor's fallback_random."""
-    args = (script("compiles_its_own_attention.py"), "--emulator-profile", "exact")
+    args = (script("attention_training.py"), "--emulator-profile", "exact", "--", "--compile", "--dropout", "0.1")
     clean = validate(*args)
     assert clean.returncode == 0 and clean.report["verdict"] == "ready", clean.stdout
     assert clean.report["compiled"]["outputs"]["ok"] and "eager and compiled outputs" in clean.stdout

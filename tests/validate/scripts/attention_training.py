@@ -1,9 +1,15 @@
-"""A training script that compiles its own model (as nanoGPT does with compile=True), whose attention has
-dropout: the target trains it compiled, the CPU reference eagerly."""
+"""A small attention model trained for 8 steps: ``--dropout P`` for attention dropout, ``--compile`` to compile
+the model in the script itself (as nanoGPT does with compile=True)."""
+
+import argparse
 
 import torch
 import torch.nn.functional as F
 
+parser = argparse.ArgumentParser()
+parser.add_argument("--dropout", type=float, default=0.0)
+parser.add_argument("--compile", action="store_true")
+args = parser.parse_args()
 device = torch.accelerator.current_accelerator() or torch.device("cpu")
 
 
@@ -15,12 +21,14 @@ class Attention(torch.nn.Module):
     def forward(self, x):
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1 if self.training else 0.0, is_causal=True)
+        p = args.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         return self.out(y.transpose(1, 2).reshape(b, t, d))
 
 
 model = torch.nn.Sequential(Attention(), torch.nn.GELU(), torch.nn.Linear(32, 1)).to(device)
-model = torch.compile(model)
+if args.compile:
+    model = torch.compile(model)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 for step in range(8):
     x = torch.randn(8, 16, 32)
