@@ -317,11 +317,27 @@ def _check_training_script(options: ValidateOptions, data: dict) -> None:
                     "its own device; otherwise pick the device with torch.accelerator.current_accelerator()")
         raise ScriptProblem(f"the script fails on the reference ({options.reference}): {error['message']}{where}{hint}")
     if not ref.get("model") and not ref.get("curve"):
+        said = _last_output_line(Path(options.out) / "work" / "reference")
         raise ScriptProblem("no model found: the script defines no get_model() and get_inputs() (or model and "
-                            "example_inputs), and running it called no torch.nn.Module with parameters")
+                            "example_inputs), and running it called no torch.nn.Module with parameters"
+                            + (f"; its last output on the reference: {said!r}" if said else ""))
     if options.steps_given and options.steps and not ref.get("curve"):
         raise ScriptProblem(f"--steps {options.steps}: the script never called backward(), so there is no loss "
                             "curve to compare")
+
+
+def _last_output_line(side_folder: Path) -> str:
+    """The last line a side's script printed (rank 0's on a --nproc side): why it ended without training
+    ("Unable to locate sufficient 2 gpus to run this example. Exiting.", pytorch/examples' FSDP2)."""
+    logs = [side_folder / "stdout.txt", *sorted(side_folder.glob("ranks/*/attempt_*/0/stdout.log"))]
+    for log in reversed(logs):
+        try:
+            lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            continue
+        if lines:
+            return lines[-1][:200]
+    return ""
 
 
 # ---------------------------------------------------------------- the check

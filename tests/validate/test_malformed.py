@@ -36,7 +36,10 @@ CASES = {
         "do the inputs from get_inputs() have the shapes the model expects?"),
     "inputs are a string": (FUNCTIONS_HEAD + "model = nn.Linear(2, 2)\nexample_inputs = 'cat.jpg'\n", [], {},
                             "inputs are a str"),
-    "no model found": ("import torch\nx = torch.ones(3) * 2\nprint(x.sum())\n", [], {}, "no model found"),
+    "no model found": ("import torch\nx = torch.ones(3) * 2\nprint(x.sum())\n", [], {},
+                       "no model found: the script defines no get_model() and get_inputs() (or model and "
+                       "example_inputs), and running it called no torch.nn.Module with parameters; its last output "
+                       "on the reference: 'tensor(6.)'"),
     "training script fails on the reference": (
         "import torch\nmodel = torch.nn.Linear(2, 2)\nloss = model(torch.ones(1, 2)).sum()\nprint(1 / 0)\n", [], {},
         "the script fails on the reference (cpu): ZeroDivisionError: division by zero (script.py:4 in <module>)"),
