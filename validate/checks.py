@@ -488,8 +488,10 @@ def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
     steps = (obs.get("target") or {}).get("steps") or {}
     if steps.get("optimizer") and steps.get("backward", 0) > steps["optimizer"]:
         data["backward_passes"] = steps["backward"]
-        shared += (f"; a step is an optimizer step: {steps['optimizer']} steps of {steps['backward']} backward "
-                   "passes (gradient accumulation), each step's loss the mean of its passes'")
+        why = (f"{steps['optimizers']} optimizers taking turns" if steps.get("optimizers", 1) > 1
+               else "gradient accumulation")
+        shared += (f"; a step is an optimizer step: {steps['optimizer']} steps over {steps['backward']} backward "
+                   f"passes ({why}), each step's loss the mean of the passes since the last step")
     if cmp and not cmp.informative:
         findings.append(Finding(check="loss-curves", severity="warning", title=f"{cmp.summary()}{shared}",
                                 detail=cmp.note, data=data,

@@ -55,6 +55,7 @@ class _State:
         self.micro_times: list[float] = []
         self.pending: list[float] = []  # backward() losses since the last optimizer step
         self.optimizer_steps = 0
+        self.optimizers: set[int] = set()  # those whose steps closed a training step (a GAN has two)
         self.script_compiles: list[str] = []  # where the script calls torch.compile itself
         self.model_compiled = False  # the compared call went through the script's own compile of the model
         self.harness_compiles = False
@@ -164,6 +165,7 @@ def _step_recorder(state: _State):
     def optimizer_step(optimizer, args, kwargs) -> None:
         if not state.recording or not state.pending:
             return
+        state.optimizers.add(id(optimizer))
         state.optimizer_steps += 1
         value = sum(state.pending) / len(state.pending)
         state.losses.append(value)
@@ -443,7 +445,8 @@ def _side_observations(here, state: _State, side: SideObservations, draws) -> No
         steps = [b - a for a, b in zip(stamps, stamps[1:])]
         side.curve = LossCurve(label=here.describe(), losses=tuple(losses), step_seconds=tuple(steps)).to_dict()
     side.extra["stopped_at_steps"] = state.stopped
-    side.extra["steps"] = {"optimizer": state.optimizer_steps, "backward": len(state.micro_losses)}
+    side.extra["steps"] = {"optimizer": state.optimizer_steps, "backward": len(state.micro_losses),
+                           "optimizers": len(state.optimizers)}
     side.extra["script_compiles"] = list(dict.fromkeys(state.script_compiles))
     side.extra["draws"] = draws.log.to_dict()
     side.extra["model"] = {"class": state.root_type} if state.root_type else None

@@ -225,6 +225,19 @@ def test_a_band_too_wide_to_see_a_five_percent_shift_is_not_informative():
     assert curves.severity == "warning" and "not informative" in curves.title
 
 
+def test_a_step_over_several_backward_passes_says_why():
+    """Gradient accumulation, or a GAN's two optimizers taking turns (DCGAN: 3 backward passes a round, one
+    step of each optimizer), which is not accumulation."""
+    ref = [2.0 - 0.1 * i for i in range(10)]
+    obs = {"reference": {"curve": _curve(ref)}, "target": {"curve": _curve(ref),
+                                                           "steps": {"optimizer": 10, "backward": 40, "optimizers": 1}}}
+    (curves,) = [f for f in run_checks(obs, CTX) if f.check == "loss-curves"]
+    assert "10 steps over 40 backward passes (gradient accumulation)" in curves.title
+    obs["target"]["steps"] = {"optimizer": 10, "backward": 15, "optimizers": 2}
+    (curves,) = [f for f in run_checks(obs, CTX) if f.check == "loss-curves"]
+    assert "10 steps over 15 backward passes (2 optimizers taking turns)" in curves.title
+
+
 def test_the_devices_own_stream_findings():
     ref = [2.0 - 0.01 * i for i in range(10)]
     streams = [_curve([x * (1 + 0.002 * ((i + k) % 2)) for i, x in enumerate(ref)]) for k in range(3)]

@@ -60,7 +60,7 @@ def test_a_trainer_loop_counts_optimizer_steps_and_keeps_its_checkpoint_apart(va
     assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
     (curves,) = run.findings("loss-curves", "info")
     assert curves["data"]["steps"] == 12 and curves["data"]["backward_passes"] == 48
-    assert "12 steps of 48 backward passes" in curves["title"]
+    assert "12 steps over 48 backward passes (gradient accumulation)" in curves["title"]
     (created,) = run.findings("outputs", "info")
     assert "checkpoint.pt" in created["title"] and not run.findings("outputs", "warning")
     assert not run.findings("wide-dtypes"), "eager code narrows nothing"
