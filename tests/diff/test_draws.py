@@ -255,3 +255,16 @@ def test_draws_of_a_dataset_are_not_the_models_whatever_the_loaders_workers():
         assert len(in_process) == 2 + 3 + 4
         parting = first_parting(in_process, in_workers)
         assert (parting is None) if restores else (parting.index == 5 and parting.target.op == "aten::bernoulli_")
+
+
+def test_attention_is_a_draw_only_with_dropout():
+    """PyTorch tags every attention kernel random; with ``dropout_p`` 0 (given or by default) it draws nothing."""
+    from diff.draws import draws
+
+    attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    q = torch.randn(1, 1, 4, 8)
+    assert not draws(attention, (q, q, q), {}) and not draws(attention, (q, q, q, 0.0), {})
+    assert draws(attention, (q, q, q, 0.1), {}) and draws(attention, (q, q, q), {"dropout_p": 0.2})
+    assert draws(torch.ops.aten.bernoulli_.float, (q, 0.5), {})
+    assert not draws(torch.ops.aten._fused_sdp_choice.default, (q, q, q), {})
+    assert not draws(torch.ops.aten.add.Tensor, (q, q), {})
