@@ -168,13 +168,11 @@ _SHAPE_ONLY = frozenset({
 
 def _shape_only(func) -> bool:
     name, overload = func._schema.name, func._schema.overload_name
-    if name == "aten::normal":
-        return "Tensor" not in overload  # float mean and std (float_float, out)
-    if name == "aten::bernoulli_":
-        return overload == "float"
+    if "Tensor" in overload:  # a parameter given as a tensor (normal's mean, bernoulli_'s p, randint_like's high)
+        return False
     if name == "aten::bernoulli":
-        return overload in ("p", "float_out")  # a float p; the others take it from a tensor
-    return name in _SHAPE_ONLY
+        return overload in ("p", "float_out")  # the others draw with probabilities from self's values
+    return name in _SHAPE_ONLY or name in ("aten::normal", "aten::bernoulli_")  # normal.float_float, bernoulli_.float
 
 
 def _moments(func, out) -> tuple[float, float, float, float] | None:
