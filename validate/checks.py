@@ -110,12 +110,15 @@ def check_numerics(obs: dict, ctx: CheckContext) -> list[Finding]:
     if not loc or loc.get("target_failure"):
         return findings
     compiled = obs.get("compiled") or {}
-    if compiled.get("error"):  # never "eager and compiled outputs match" when nothing compiled was compared
+    # Never "eager and compiled outputs match" when nothing compiled was compared; where the failed compile is
+    # the target's own failure (the functions convention), the runs check already says so.
+    if compiled.get("error") and not (obs.get("target") or {}).get("error"):
         findings.append(Finding(
             check="numerics", severity="warning", subject="compiled",
             title=f"compiled outputs not compared: the compiled check failed: {compiled['error'].get('message', '')}",
             hint="the training itself ran compiled (its loss curve is compared); run the model compiled alone "
                  "to see where its compilation fails"))
+    if compiled.get("error"):
         compiled = {}
     compiled_ok = all((compiled.get(k) or {"ok": True})["ok"] for k in ("outputs", "gradients"))
     deterministic = loc.get("reference_deterministic", True)

@@ -225,6 +225,21 @@ def test_a_band_too_wide_to_see_a_five_percent_shift_is_not_informative():
     assert curves.severity == "warning" and "not informative" in curves.title
 
 
+def test_a_compiled_check_that_failed_is_never_called_a_match():
+    """Before, the training convention's compiled check that failed to compile read "eager and compiled outputs
+    match". Where the failed compile is the target's own failure (the functions convention), the runs check
+    says so and numerics adds nothing."""
+    from validate.checks import check_numerics
+
+    loc = {"ok": True, "outputs": {"leaves": 1}, "gradients": {"leaves": 2}, "layers": []}
+    obs = {"localization": loc, "compiled": {"error": {"message": "BackendCompilerFailed: boom"}}, "target": {}}
+    findings = check_numerics(obs, CTX)
+    assert [(f.severity, f.subject) for f in findings] == [("warning", "compiled"), ("info", "")], findings
+    assert "boom" in findings[0].title and "eager and compiled" not in findings[1].title
+    obs["target"] = {"error": {"message": "BackendCompilerFailed: boom"}}
+    assert [f.severity for f in check_numerics(obs, CTX)] == ["info"]
+
+
 def test_a_step_over_several_backward_passes_says_why():
     """Gradient accumulation, or a GAN's two optimizers taking turns (DCGAN: 3 backward passes a round, one
     step of each optimizer), which is not accumulation."""
