@@ -1,4 +1,5 @@
-"""``torch.manual_seed`` without the cost of seeding backends a worker cannot use.
+"""Seeding: ``torch.manual_seed`` without the cost of seeding backends a worker cannot use, and the host's
+global generators (Python's and NumPy's).
 
 ``torch.manual_seed`` also seeds CUDA, XPU and MTIA. While one of them is not
 initialised, its seed is queued together with ``traceback.format_stack()``,
@@ -41,3 +42,16 @@ def skip_seeding_unavailable_backends() -> list[str]:
             module.manual_seed_all = _not_applied
             skipped.append(name)
     return skipped
+
+
+def seed_host_generators(seed: int | None) -> None:
+    """Python's and NumPy's global generators from ``seed``, or from the OS (None) as a new interpreter seeds
+    them: a forked worker must not share the stream of the process it was forked from."""
+    import random
+
+    random.seed(seed)
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(None if seed is None else seed % 2**32)

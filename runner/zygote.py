@@ -51,6 +51,7 @@ import traceback
 from collections import OrderedDict
 from multiprocessing.connection import wait
 
+from conformance.seeding import seed_host_generators
 from conformance.settings import COMPILE_CACHE_ENV, RunSettings
 from emulator import FAULTS_ENV, PROFILE_ENV
 
@@ -153,7 +154,7 @@ def _become_worker(zygote_conn, worker_pipe, settings: RunSettings) -> None:
     code = 0
     try:
         zygote_conn.close()
-        _reseed_global_generators()
+        seed_host_generators(None)  # as a new interpreter seeds them: a fork copies the zygote's
         worker_main(worker_pipe, settings)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
@@ -167,17 +168,6 @@ def _become_worker(zygote_conn, worker_pipe, settings: RunSettings) -> None:
             except Exception:  # noqa: BLE001
                 pass
         os._exit(code)
-
-
-def _reseed_global_generators() -> None:
-    """Python's and NumPy's global generators from the OS, as a new interpreter seeds them (a fork copies the
-    zygote's). torch's default generator starts from its fixed default seed either way."""
-    import random
-
-    random.seed()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
 
 
 def _reap(conn) -> int:

@@ -185,20 +185,22 @@ def _capturing_call(state: _State, torch, here, orig_call):
         if not any(True for _ in self.parameters()):
             return orig_call(self, *args, **kwargs)
         builds_graph = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        # torch.compile(model) hands back a wrapper (_orig_mod); model.compile() compiles in place
-        compiled_by_script = hasattr(self, "_orig_mod") or getattr(self, "_compiled_call_impl", None) is not None
+
+        def capture() -> None:
+            # torch.compile(model) hands back a wrapper (_orig_mod); model.compile() compiles in place
+            state.model_compiled = hasattr(self, "_orig_mod") or getattr(self, "_compiled_call_impl", None) is not None
+            _capture(state, torch, getattr(self, "_orig_mod", self), args, kwargs, here)
+
         if not builds_graph:
             if not state.root_type:  # the first call: kept until a call with gradients replaces it
-                state.model_compiled = compiled_by_script
-                _capture(state, torch, getattr(self, "_orig_mod", self), args, kwargs, here)
+                capture()
             state.depth += 1  # its submodules' calls are not the model's
             try:
                 return orig_call(self, *args, **kwargs)
             finally:
                 state.depth -= 1
         state.captured = True  # only a call that builds a graph is captured for good
-        state.model_compiled = compiled_by_script
-        _capture(state, torch, getattr(self, "_orig_mod", self), args, kwargs, here)
+        capture()
         if here.compiles and not hasattr(self, "_orig_mod"):
             state.harness_compiles = True  # the harness's compile, not the script's
             try:
@@ -420,17 +422,12 @@ def _seed_generators(seed: int) -> None:
     different computations. A script that seeds them itself overrides this, as it would anyway. The sides'
     random draws on the device are the reference's or compared as a distribution (diff/draws.py): the same
     seed hides nothing of the backend's."""
-    import random
-
     import torch
 
-    random.seed(seed)
+    from conformance.seeding import seed_host_generators
+
+    seed_host_generators(seed)
     torch.manual_seed(seed)
-    try:
-        import numpy
-    except ImportError:
-        return
-    numpy.random.seed(seed % 2**32)
 
 
 def _side_observations(here, state: _State, side: SideObservations, draws) -> None:
