@@ -245,8 +245,8 @@ class PerturbMode:
         model = self.model
         met = self.met
 
-        def perturb(entry: OpPrecision):
-            return lambda t: perturb_tensor(t, entry, seed)
+        def perturb(entry: OpPrecision, bounds: tuple[float, float] | None = None):
+            return lambda t: perturb_tensor(t, entry, seed, bounds=bounds)
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -266,11 +266,12 @@ class PerturbMode:
                     args, kwargs = tree_map(perturb(entry), (args, kwargs))
                     return func(*args, **kwargs)
                 out = func(*args, **kwargs)
+                bounds = OUTPUT_RANGES.get(func._schema.name.removesuffix("_"))
                 if not mutable:
-                    return tree_map(perturb(entry), out)
+                    return tree_map(perturb(entry, bounds), out)
                 for t in tree_leaves(out):  # in place (silu_) or out=: the written tensors take the error
                     if isinstance(t, torch.Tensor):
-                        t.copy_(perturb(entry)(t))
+                        t.copy_(perturb(entry, bounds)(t))
                 return out
 
         self._mode = _Mode()
@@ -300,10 +301,25 @@ def python_decomposition(func) -> Callable | None:
     return backend_fns.get(None) if set(backend_fns) == {None} else None
 
 
-def perturb_tensor(t, entry: OpPrecision, seed: int):
+# The range of an op's result, which no device's rounding or table leaves: a sigmoid saturated at 1.0 stays
+# at most 1.0 in bf16, in a table, rounded stochastically. Perturbed past it, the reference's own run breaks
+# where the device's never would (BCELoss after a saturated sigmoid: "all elements of input should be
+# between 0 and 1", pytorch/examples' siamese_network), and the band of the loss curves is lost.
+OUTPUT_RANGES: dict[str, tuple[float, float]] = {
+    **dict.fromkeys(("aten::sigmoid", "aten::hardsigmoid", "aten::_softmax", "aten::softmax"), (0.0, 1.0)),
+    **dict.fromkeys(("aten::tanh", "aten::erf", "aten::sin", "aten::cos"), (-1.0, 1.0)),
+    "aten::erfc": (0.0, 2.0),
+    **dict.fromkeys(("aten::exp", "aten::exp2", "aten::relu", "aten::softplus", "aten::sqrt", "aten::rsqrt",
+                     "aten::abs"), (0.0, math.inf)),
+    "aten::_log_softmax": (-math.inf, 0.0),
+}
+
+
+def perturb_tensor(t, entry: OpPrecision, seed: int, *, bounds: tuple[float, float] | None = None):
     """``t`` as the device may compute it under ``entry`` (a fresh tensor; anything else is returned as is):
-    floating values x * (1 + rel * r) + abs * s, r and s from the entry's noise; integers of ops computed in
-    floating point rounded through float32 beyond 2^24."""
+    floating values x * (1 + rel * r) + abs * s, r and s from the entry's noise, kept within ``bounds`` (the
+    op's range, :data:`OUTPUT_RANGES`); integers of ops computed in floating point rounded through float32
+    beyond 2^24."""
     import torch
 
     if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.numel() == 0:
@@ -314,6 +330,8 @@ def perturb_tensor(t, entry: OpPrecision, seed: int):
         out = x * (1 + entry.rel * noise(x, seed))
         if entry.abs:
             out = out + entry.abs * noise(x, seed + 1, absolute=True)
+        if bounds is not None:
+            out = out.clamp(*bounds)
         return out.to(t.dtype)
     if not t.is_complex() and t.dtype != torch.bool and entry.where == "outputs":
         big = t.to(torch.int64).abs() > 2**24

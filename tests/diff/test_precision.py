@@ -17,7 +17,7 @@ from conformance.outcome import Status
 from diff.compare import compare
 from diff.judge import Judge
 from diff.precision import (EXACT, OpPrecision, PrecisionModel, PrecisionModelError, load_model, model_from_profile,
-                            perturbed_runs)
+                            RUNS, perturbed_runs)
 from diff.tolerances import Tolerance
 from emulator.profiles import resolve_profile
 from tests.conftest import run_cli
@@ -127,6 +127,30 @@ def test_without_a_precision_model_nothing_changes():
     called = []
     verdict = judge(expected * 1.001, expected, noise=lambda: called.append(1) or [])
     assert verdict.status is Status.MISMATCH and not called and verdict.noise is None
+
+
+@pytest.mark.parametrize("spec", ["neuron-2.27", "exact:auto_cast=all", "exact:stochastic_rounding=true"])
+def test_perturbed_runs_keep_each_op_within_its_range(spec):
+    """A device's rounding and tables never take a saturated sigmoid past 1.0 (nor a softmax, a tanh, an exp
+    below their bounds). Perturbed past it, pytorch/examples' siamese_network (a sigmoid into BCELoss) broke
+    the band's reference runs: "all elements of input should be between 0 and 1", and the loss curves were
+    judged against the narrowest band."""
+    logits = torch.linspace(-40, 40, 257)
+    target = (logits > 0).float()
+
+    def run():
+        probs = torch.sigmoid(logits)
+        rows = torch.softmax(torch.stack([logits, -logits]), 0)
+        return (torch.nn.functional.binary_cross_entropy(probs, target), probs, rows, torch.tanh(logits),
+                torch.relu(logits), torch.exp(-logits.abs()))
+
+    model = model_from_profile(resolve_profile(spec))
+    runs = perturbed_runs(run, model)
+    assert len(runs) == RUNS, "every perturbed run completes"
+    for loss, probs, rows, tanh, relu, exp in runs:
+        assert 0 <= probs.min() and probs.max() <= 1 and 0 <= rows.min() and rows.max() <= 1
+        assert tanh.abs().max() <= 1 and relu.min() >= 0 and exp.min() >= 0
+    assert any(not torch.equal(r[1], torch.sigmoid(logits)) for r in runs), "still perturbed inside the range"
 
 
 def test_random_ops_with_tiny_outputs_are_not_failed_for_a_different_draw():
