@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import warnings
 from contextlib import contextmanager
@@ -143,11 +144,17 @@ def _own_working_directory(folder: str):
     linked directly in the working directory (C code writes without ``open``), through their changed stamps
     (above it anyone may change a file, so there only ``open`` counts); the scratch files of ``tempfile``, files
     the side removed again, the harness's own stores and the files its own process writes (a shell redirection)
-    are left out."""
+    are left out.
+
+    The mirror is built afresh for every run: one left by an earlier run in the same folder (``--out`` given
+    again) held the real folders that run's script made where the user's had none yet, and hid the ones the
+    user made since (pytorch/examples' mnist_forward_forward, run once before its ``./data/MNIST/raw`` was
+    there and again after: "Error downloading" from an empty leftover folder)."""
     global _writes, _audit_installed
     original = os.getcwd()
     chain = _ancestors(original, PARENT_LEVELS)
     top = Path(folder) / "cwd"
+    shutil.rmtree(top, ignore_errors=True)  # links are removed, never followed
     top.mkdir(parents=True, exist_ok=True)
     stamps: dict[str, tuple | None] = {}
     own = os.path.abspath(folder)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from validate.checks import CheckContext, check_placement, check_recompilation, check_wide_dtypes, run_checks
@@ -326,6 +328,27 @@ def test_a_sides_outputs_are_its_own_writes_not_a_busy_parent_folders(tmp_path, 
         monkeypatch.setattr(tempfile, "tempdir", None)
         assert tempfile.gettempdir() == str(parent)
     assert files["shared"] == ["../out.txt", "weights.bin"], files["shared"]
+
+
+def test_a_sides_working_directory_is_mirrored_afresh_for_every_run(tmp_path, monkeypatch):
+    """Run again with the same ``--out`` after adding the data the first run lacked: the second run sees the
+    data, not the empty folders the first run's download attempt made (pytorch/examples' mnist_forward_forward:
+    "Error downloading train-images-idx3-ubyte.gz" though ./data/MNIST/raw was there)."""
+    from validate.execute import _own_working_directory
+
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    with _own_working_directory(str(tmp_path / "side")) as files:
+        os.makedirs("data/MNIST/raw")  # the script's failed download leaves its folders behind
+    assert not (project / "data").exists()
+    (project / "data" / "MNIST" / "raw").mkdir(parents=True)
+    (project / "data" / "MNIST" / "raw" / "train-images").write_text("the user's data")
+    (project / "kept.txt").write_text("the user's")
+    with _own_working_directory(str(tmp_path / "side")) as files:
+        assert open("data/MNIST/raw/train-images").read() == "the user's data"
+    assert (project / "kept.txt").read_text() == "the user's", "the user's files are never removed"
+    assert files["created"] == [] and files["shared"] == []
 
 
 def test_modules_held_in_a_plain_list_are_named_as_what_to_did_not_move():
