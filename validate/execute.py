@@ -74,6 +74,21 @@ def _audit(event: str, args: tuple) -> None:
 
 _audit_installed = False
 _temporaries: set[str] = set()  # real paths tempfile made while a side runs
+# Processes the script starts itself with multiprocessing (its spawn raises no audit event: Process.start is
+# counted while a side runs): the harness follows only the script's own process, so training there
+# (pytorch/examples' mnist_hogwild) is never seen, and the error should say so.
+_processes: list[str] = []
+_DATA_LOADER = os.sep + os.path.join("torch", "utils", "data") + os.sep
+
+
+def _in_data_loader() -> bool:
+    """Whether a DataLoader is starting its workers (they load data; they never train)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if _DATA_LOADER in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 # The harness's own stores, which other checks running beside this one may write at any time.
@@ -166,12 +181,23 @@ def _own_working_directory(folder: str):
         _mirror(level, here, 0, own, {})
         here = here / os.path.basename(child)
     _mirror(original, here, 2, own, stamps)
-    files: dict = {"cwd": str(here), "created": [], "shared": []}
+    files: dict = {"cwd": str(here), "created": [], "shared": [], "processes": 0}
     if not _audit_installed:
         sys.addaudithook(_audit)
         _audit_installed = True
     _writes = set()
     _temporaries.clear()
+    _processes.clear()
+    import multiprocessing.process
+
+    start = multiprocessing.process.BaseProcess.start
+
+    def counted_start(process):
+        if not _in_data_loader():
+            _processes.append(type(process).__name__)
+        return start(process)
+
+    multiprocessing.process.BaseProcess.start = counted_start
     os.chdir(here)
     os.environ[DISPLAY_ROOT_ENV] = original  # lines are still named relative to the user's directory
     try:
@@ -183,6 +209,8 @@ def _own_working_directory(folder: str):
         written = {p for p in _writes if os.path.lexists(p)
                    and not any(p == t or p.startswith(t + os.sep) for t in scratch)}
         _writes = None
+        multiprocessing.process.BaseProcess.start = start
+        files["processes"] = len(_processes)
         os.chdir(original)
         os.environ.pop(DISPLAY_ROOT_ENV, None)
         for root, dirs, names in os.walk(top):

@@ -322,8 +322,12 @@ def _check_training_script(options: ValidateOptions, data: dict) -> None:
                             "example_inputs), and running it called no torch.nn.Module with parameters"
                             + (f"; its last output on the reference: {said!r}" if said else ""))
     if options.steps_given and options.steps and not ref.get("curve"):
-        raise ScriptProblem(f"--steps {options.steps}: the script never called backward(), so there is no loss "
-                            "curve to compare")
+        started = (ref.get("outputs") or {}).get("processes") or 0
+        raise ScriptProblem(
+            f"--steps {options.steps}: the script never called backward(), so there is no loss curve to compare"
+            + (f"; it started {started} process{'es' if started > 1 else ''} of its own (multiprocessing), "
+               "where it may train, and the harness follows only the script's own process; "
+               "pass --steps 0 to check the rest" if started else ""))
 
 
 def _last_output_line(side_folder: Path) -> str:

@@ -51,6 +51,15 @@ CASES = {
     "never calls backward with --steps": (
         "import torch\nmodel = torch.nn.Linear(2, 2)\nwith torch.no_grad():\n    model(torch.ones(1, 2))\n",
         ["--steps", "5"], {}, "--steps 5: the script never called backward()"),
+    "trains only in processes of its own": (  # pytorch/examples' mnist_hogwild
+        "import torch, torch.multiprocessing as mp\ndef train(model):\n    model(torch.ones(1, 2)).sum().backward()\n"
+        "if __name__ == '__main__':\n    model = torch.nn.Linear(2, 2)\n    model.share_memory()\n"
+        "    workers = [mp.Process(target=train, args=(model,)) for _ in range(2)]\n"
+        "    [w.start() for w in workers]\n    [w.join() for w in workers]\n"
+        "    loader = torch.utils.data.DataLoader(range(4), num_workers=1)  # a loader's workers are not counted\n"
+        "    with torch.no_grad():\n        model(torch.ones(1, 2) * sum(b.sum() for b in loader))\n",
+        ["--steps", "5"], {}, "--steps 5: the script never called backward(), so there is no loss curve to compare; "
+        "it started 2 processes of its own (multiprocessing), where it may train"),
     "non-scalar loss with --steps": (
         FUNCTIONS_HEAD + "def get_model(): return nn.Linear(2, 3)\ndef get_inputs(): return torch.randn(4, 2)\n"
         "def loss_fn(out): return out\n", ["--steps", "5"], {},
