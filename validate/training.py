@@ -28,7 +28,6 @@ side's device and watches it:
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import runpy
 import sys
@@ -266,7 +265,7 @@ def _capture(state: _State, torch, root, args, kwargs, target) -> None:
     Called again for a later call that builds a graph when the first ran without gradients; each capture
     replaces the last, so both sides always describe the same call.
     """
-    from diff.sides import to_device
+    from diff.sides import model_copy, to_device
 
     first = state.first_call_time is None
     if first:
@@ -286,7 +285,7 @@ def _capture(state: _State, torch, root, args, kwargs, target) -> None:
     if not state.spec.localize:
         return
     try:
-        state.snapshot = copy.deepcopy(root)
+        state.snapshot = model_copy(root)
         state.inputs = to_device((tuple(args), dict(kwargs)), "cpu", requires_grad=False)
     except Exception as exc:  # noqa: BLE001 - a model that cannot be copied is still validated, without layers
         state.notes.append(f"layer localisation skipped: the model cannot be copied ({type(exc).__name__}: {exc})")

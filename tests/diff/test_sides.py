@@ -76,3 +76,41 @@ def test_training_the_copy_leaves_the_original_alone_and_a_cast_copy_casts_float
     assert golden.embed.weight.data_ptr() != model.embed.weight.data_ptr()
     copy_on_cpu = side_model(model, torch.device("cpu"))
     assert copy_on_cpu.embed.weight.data_ptr() != model.embed.weight.data_ptr()  # a copy, even on the same device
+
+
+class ClosesOverItsLayers(nn.Module):
+    """minGPT's Block keeps ``self.mlpf = lambda x: m.dropout(m.c_proj(m.act(m.c_fc(x))))`` over ``m = self.mlp``;
+    a forward hook made by a closure over a layer, likewise."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.ModuleDict(dict(fc=nn.Linear(4, 8), proj=nn.Linear(8, 4)))
+        m = self.mlp
+        self.mlpf = lambda x: m.proj(torch.relu(m.fc(x)))
+        scale = self.mlp.proj
+        self.register_forward_hook(lambda module, args, out: out * scale.weight.mean())
+
+    def forward(self, x):
+        return self.mlpf(x)
+
+
+def test_a_copy_calls_its_own_layers_through_the_functions_the_model_keeps(neuron):
+    """deepcopy keeps functions as they are: the copy's ``mlpf`` called the original's layers, on the original's
+    device (minGPT's adder, localised: "MmBackward0 returned an invalid gradient at index 1 - expected device
+    cpu but got neuron:0"), or, from a snapshot, with the live model's later weights."""
+    torch.manual_seed(0)
+    model = ClosesOverItsLayers().to(neuron)
+    x = torch.randn(3, 4)
+    expected = model(x.to(neuron)).cpu()
+
+    reference = side_model(model, torch.device("cpu"))
+    out = reference(x)
+    out.sum().backward()  # every layer it ran is its own, on the CPU
+    torch.testing.assert_close(out, expected.detach())
+    assert all(p.grad is not None and p.grad.device.type == "cpu" for p in reference.parameters())
+    assert all(p.grad is None for p in model.parameters())
+
+    with torch.no_grad():  # the original trains on: the copy is not moved by it
+        for p in model.parameters():
+            p.add_(1.0)
+    torch.testing.assert_close(reference(x), out)
