@@ -119,8 +119,12 @@ def _patch_accelerator_for_cpu(torch) -> None:
 def _install(state: _State, torch, here) -> dict:
     """Patches backward, Module.__call__ and torch.compile for this side's Target and hooks every optimizer's
     step; returns the originals for :func:`_uninstall`."""
-    originals = {"backward": torch.autograd.backward, "call": torch.nn.Module.__call__, "compile": torch.compile}
+    from torch.amp.grad_scaler import GradScaler
+
+    originals = {"backward": torch.autograd.backward, "call": torch.nn.Module.__call__, "compile": torch.compile,
+                 "scale": GradScaler.scale}
     torch.autograd.backward = _recording_backward(state, torch, originals["backward"])
+    GradScaler.scale = _marking_scale(originals["scale"])
     torch.nn.Module.__call__ = _capturing_call(state, torch, here, originals["call"])
     torch.compile = _counting_compile(state, torch, here, originals["compile"])
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -130,10 +134,26 @@ def _install(state: _State, torch, here) -> dict:
 
 
 def _uninstall(torch, originals: dict) -> None:
+    from torch.amp.grad_scaler import GradScaler
+
+    GradScaler.scale = originals["scale"]
     torch.autograd.backward = originals["backward"]
     torch.nn.Module.__call__ = originals["call"]
     torch.compile = originals["compile"]
     originals["step_hook"].remove()
+
+
+def _marking_scale(orig_scale):
+    """GradScaler.scale that marks the scaled loss with the loss it scaled: the curve records the loss, not the
+    loss times a scale that grows and backs off on its own schedule (65,536 at first). A step the target's
+    scaler skips for an inf gradient halves its scale: recorded scaled, its curve would lie 2x off the
+    reference's from then on, where the losses themselves agree."""
+    def scale(self, outputs):
+        scaled = orig_scale(self, outputs)
+        if scaled is not outputs and getattr(scaled, "numel", lambda: 0)() == 1:
+            scaled._unscaled_loss = outputs
+        return scaled
+    return scale
 
 
 def _recording_backward(state: _State, torch, orig_backward):
@@ -147,7 +167,7 @@ def _recording_backward(state: _State, torch, orig_backward):
             if isinstance(t, torch.Tensor) and t.numel() == 1:
                 if spec.steps is not None and state.completed_steps() >= spec.steps:
                     raise StopScript()
-                value = float(t.detach().float().cpu())
+                value = float(getattr(t, "_unscaled_loss", t).detach().float().cpu())
                 state.micro_losses.append(value)
                 state.micro_times.append(time.perf_counter())
                 state.pending.append(value)

@@ -154,3 +154,13 @@ def test_the_layer_comparison_runs_under_the_scripts_autocast(validate):
     assert run.report["verdict"] == "not ready", run.stdout
     (numerics,) = run.findings("numerics", "error")
     assert numerics["data"]["op"] == "aten::addmm"
+
+
+def test_the_loss_curve_is_the_loss_not_the_loss_a_grad_scaler_scaled(validate):
+    """Mixed-precision scripts call ``scaler.scale(loss).backward()``: the curve is the loss itself (the scale
+    grows and backs off on its own schedule, and a step the target's scaler skipped would halve it)."""
+    plain = validate(script("autocast_step.py"), "--emulator-profile", "exact")
+    scaled = validate(script("autocast_step.py"), "--emulator-profile", "exact", "--", "--scaler")
+    assert scaled.report["verdict"] == "ready", scaled.stdout
+    for side in ("reference", "target"):
+        assert scaled.report["curves"][side]["losses"] == plain.report["curves"][side]["losses"], side
