@@ -173,8 +173,13 @@ struct DeviceGenerator final : public c10::GeneratorImpl {
     seed_ = seed;
     inner_.set_current_seed(device_seed(seed));
   }
-  void set_offset(uint64_t offset) override { inner_.set_offset(offset); }
-  uint64_t get_offset() const override { return inner_.get_offset(); }
+  // The stream's position is all in its state (a CPU generator's, which has no offset). torch.Generator's
+  // __reduce__ asks a device generator for its offset, so that one held by a model (timm's ModelEmaV3 keeps
+  // one for stochastic rounding) can be deep-copied and pickled, as a CUDA generator can: 0, and 0 back.
+  void set_offset(uint64_t offset) override {
+    TORCH_CHECK(offset == 0, "the emulated neuron generator has no offset: its position is in its state");
+  }
+  uint64_t get_offset() const override { return 0; }
   uint64_t current_seed() const override { return seed_; }
   uint64_t seed() override {
     uint64_t s = c10::detail::getNonDeterministicRandom();

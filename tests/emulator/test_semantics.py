@@ -115,6 +115,21 @@ def test_manual_seed_makes_device_randomness_reproducible(neuron):
     assert torch.equal(d.cpu(), torch.rand(4, device=neuron).cpu())
 
 
+def test_a_device_generator_deep_copies_and_pickles_with_its_position(neuron):
+    """As a CUDA generator does: timm's ModelEmaV3 keeps one for stochastic rounding, so a training task that
+    holds it could not be copied ("CPU Generator does not use offset"), and its layers were never compared."""
+    import copy
+    import pickle
+
+    g = torch.Generator(device="neuron").manual_seed(5)
+    torch.rand(3, device=neuron, generator=g)
+    copies = [copy.deepcopy(g), pickle.loads(pickle.dumps(g))]
+    expected = torch.rand(4, device=neuron, generator=g).cpu()
+    for h in copies:
+        assert h.device == g.device and h.initial_seed() == 5
+        assert torch.equal(torch.rand(4, device=neuron, generator=h).cpu(), expected)
+
+
 def test_seeds_beyond_int64_are_accepted_like_cpu(neuron):
     # torch.seed() returns an unsigned 64-bit value; models (Reformer) reseed with it
     big = 2**64 - 5
