@@ -21,6 +21,7 @@ from conformance.case import Case
 from conformance.outcome import Outcome, Status
 from conformance.paths import DISPLAY_ROOT_ENV
 from runner.executors import Executor
+from runner.worker import CRASH_DIR_ENV
 
 from .common import HARNESS_OUTPUTS_ENV, ChildSpec, ScriptProblem, json_ready
 from .script import FUNCTIONS, ScriptError, inspect_script
@@ -219,6 +220,8 @@ def _own_working_directory(folder: str):
                                        if not os.path.islink(os.path.join(root, n)))
         files["created"] = files["created"][:50]
         user, ours = os.path.realpath(chain[-1]), (os.path.realpath(folder), os.path.realpath(top))
+        if os.environ.get(CRASH_DIR_ENV):  # the supervisor's fault logs: in the user's folders when that is /tmp
+            ours += (os.path.realpath(os.environ[CRASH_DIR_ENV]),)
         changed = {os.path.realpath(p) for p, stamp in stamps.items() if _stamp(p) != stamp}
         shared = (os.path.relpath(p, os.path.realpath(original)) for p in written | changed
                   if p.startswith(user + os.sep) and not p.startswith(tuple(o + os.sep for o in ours))

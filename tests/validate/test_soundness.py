@@ -143,6 +143,20 @@ def test_sides_write_their_outputs_apart_and_shared_files_are_reported(tmp_path)
     assert not (work / "model.pt").exists(), "each side's new files stay in its own folder"
 
 
+def test_the_harness_own_fault_logs_are_not_the_scripts_outputs_when_run_in_the_temporary_folder(tmp_path):
+    """Run from the temporary folder itself (as a script in /tmp is): the supervisor's fault-handler logs land
+    beside the script, and were reported as "the target side wrote neuron-validate-faults-.../worker-N.log
+    in your working directory"."""
+    shutil.copy(script("autocast_step.py"), tmp_path / "train.py")
+    result = run_cli("neuron-validate", "train.py", "--json", "--steps", "2", cwd=str(tmp_path),
+                     env={"TMPDIR": str(tmp_path)})
+    import json
+
+    report = json.loads(result.stdout)
+    assert not [f for f in report["findings"] if f["check"] == "outputs"], report["findings"]
+    assert report["verdict"] == "ready"
+
+
 def test_the_layer_comparison_runs_under_the_scripts_autocast(validate):
     """A fault only in bfloat16 matmuls (5%: beyond bfloat16's tolerance) shows only if the comparison runs the
     call as the script did."""
