@@ -37,6 +37,26 @@ def tensors(value) -> list[torch.Tensor]:
     return [v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor)]
 
 
+# Arguments PyTorch takes on the CPU whatever the device: a packed sequence's lengths and batch sizes
+# (``pack_padded_sequence``: "lengths ... must be on the CPU"), which CUDA's kernels read on the host too.
+# Given on the CPU beside device tensors they are not a placement error (an LSTM over packed sequences was
+# NOT READY: "_pack_padded_sequence mixes a CPU tensor with neuron tensors").
+HOST_ARGUMENTS = {"aten::_pack_padded_sequence": "lengths", "aten::_pad_packed_sequence": "batch_sizes",
+                  "aten::_pack_padded_sequence_backward": "batch_sizes", "aten::lstm": "batch_sizes",
+                  "aten::gru": "batch_sizes", "aten::rnn_tanh": "batch_sizes", "aten::rnn_relu": "batch_sizes"}
+
+
+def _cpu_inputs(func, args, kwargs) -> int:
+    """CPU tensors of one or more dimensions among an op's inputs (0-dim ones are scalars), the arguments
+    PyTorch keeps on the host (:data:`HOST_ARGUMENTS`) left out."""
+    host = HOST_ARGUMENTS.get(func._schema.name)
+    if host is not None:
+        names = [a.name for a in func._schema.arguments]
+        args = [a for name, a in zip(names, args) if name != host] + list(args[len(names):])
+        kwargs = {k: v for k, v in kwargs.items() if k != host}
+    return sum(1 for t in tensors((args, kwargs)) if t.device.type == "cpu" and t.dim() > 0)
+
+
 class OpTracer(TorchDispatchMode):
     """Records every ATen op dispatched while active: its name, devices, source line and (optionally) outputs."""
 
@@ -80,7 +100,7 @@ class OpTracer(TorchDispatchMode):
         self.events.append(TraceEvent(
             op=name, source=source, module=self.module_of() if self.module_of else None,
             input_devices=devices_in, output_devices=tuple(sorted({t.device.type for t in outputs})),
-            cpu_inputs=sum(1 for t in inputs if t.device.type == "cpu" and t.dim() > 0),
+            cpu_inputs=_cpu_inputs(func, args, kwargs),
             factory=not inputs, failed=failed,
         ))
         if self.keep_outputs and not failed:

@@ -371,3 +371,23 @@ def test_modules_held_in_a_plain_list_are_named_as_what_to_did_not_move():
     assert "nn.ModuleList" in findings["unregistered_modules"].hint
     mixed = next(f for s, f in findings.items() if s.startswith("mixed"))
     assert "the weights of proj (2 Conv2d)" in mixed.hint, mixed.hint
+
+
+def test_a_packed_sequences_lengths_on_the_cpu_are_not_a_placement_error(neuron):
+    """``pack_padded_sequence`` takes its lengths on the CPU on every device (CUDA's too), and an LSTM its
+    packed batch sizes: an LSTM classifier over packed sequences was NOT READY ("_pack_padded_sequence mixes a
+    CPU tensor with neuron tensors"). A weight left on the CPU beside device tensors is still one."""
+    import torch
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    from diff.localize.tracer import OpTracer
+    from validate.probes import placement_from_trace
+
+    lstm = torch.nn.LSTM(4, 8, batch_first=True).to(neuron)
+    x, lengths = torch.randn(3, 5, 4, device=neuron), torch.tensor([5, 2, 3])
+    with OpTracer() as tracer:
+        out, _ = lstm(pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
+        pad_packed_sequence(out, batch_first=True)
+        x[:, 0] @ torch.randn(4, 2)  # a real mix: a CPU matrix beside a device one
+    mixed = [e["op"] for e in placement_from_trace(tracer.events, "neuron") if e["kind"] == "mixed"]
+    assert mixed == ["aten::mm"], mixed
