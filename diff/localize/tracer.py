@@ -38,12 +38,16 @@ def tensors(value) -> list[torch.Tensor]:
 
 
 # Arguments PyTorch takes on the CPU whatever the device: a packed sequence's lengths and batch sizes
-# (``pack_padded_sequence``: "lengths ... must be on the CPU"), which CUDA's kernels read on the host too.
-# Given on the CPU beside device tensors they are not a placement error (an LSTM over packed sequences was
-# NOT READY: "_pack_padded_sequence mixes a CPU tensor with neuron tensors").
+# (``pack_padded_sequence``: "lengths ... must be on the CPU"), which CUDA's kernels read on the host too,
+# and advanced indexing's indices, which ATen's own index kernels move to the indexed tensor's device
+# (``x[torch.tensor([0, 2])]`` on CUDA). Given on the CPU beside device tensors they are not a placement
+# error (an LSTM over packed sequences was NOT READY: "_pack_padded_sequence mixes a CPU tensor with neuron
+# tensors").
 HOST_ARGUMENTS = {"aten::_pack_padded_sequence": "lengths", "aten::_pad_packed_sequence": "batch_sizes",
                   "aten::_pack_padded_sequence_backward": "batch_sizes", "aten::lstm": "batch_sizes",
-                  "aten::gru": "batch_sizes", "aten::rnn_tanh": "batch_sizes", "aten::rnn_relu": "batch_sizes"}
+                  "aten::gru": "batch_sizes", "aten::rnn_tanh": "batch_sizes", "aten::rnn_relu": "batch_sizes",
+                  "aten::index": "indices", "aten::index_put_": "indices", "aten::index_put": "indices",
+                  "aten::_index_put_impl_": "indices"}
 
 
 def _cpu_inputs(func, args, kwargs) -> int:

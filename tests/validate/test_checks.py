@@ -373,10 +373,11 @@ def test_modules_held_in_a_plain_list_are_named_as_what_to_did_not_move():
     assert "the weights of proj (2 Conv2d)" in mixed.hint, mixed.hint
 
 
-def test_a_packed_sequences_lengths_on_the_cpu_are_not_a_placement_error(neuron):
-    """``pack_padded_sequence`` takes its lengths on the CPU on every device (CUDA's too), and an LSTM its
-    packed batch sizes: an LSTM classifier over packed sequences was NOT READY ("_pack_padded_sequence mixes a
-    CPU tensor with neuron tensors"). A weight left on the CPU beside device tensors is still one."""
+def test_a_packed_sequences_lengths_and_indices_on_the_cpu_are_not_a_placement_error(neuron):
+    """``pack_padded_sequence`` takes its lengths on the CPU on every device (CUDA's too), an LSTM its packed
+    batch sizes, and advanced indexing CPU indices (ATen moves them): an LSTM classifier over packed sequences
+    was NOT READY ("_pack_padded_sequence mixes a CPU tensor with neuron tensors"). A weight left on the CPU
+    beside device tensors is still one."""
     import torch
     from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -388,6 +389,8 @@ def test_a_packed_sequences_lengths_on_the_cpu_are_not_a_placement_error(neuron)
     with OpTracer() as tracer:
         out, _ = lstm(pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
         pad_packed_sequence(out, batch_first=True)
+        x[torch.tensor([0, 2])], x[torch.tensor([True, False, True])]  # CPU indices: ATen moves them
+        x[torch.tensor([1]), 0] = torch.zeros(1, 4, device=neuron)
         x[:, 0] @ torch.randn(4, 2)  # a real mix: a CPU matrix beside a device one
     mixed = [e["op"] for e in placement_from_trace(tracer.events, "neuron") if e["kind"] == "mixed"]
     assert mixed == ["aten::mm"], mixed
