@@ -195,13 +195,20 @@ def _step_recorder(state: _State):
     return optimizer_step
 
 
+# Modules PyTorch calls on a model's behalf, never the model: a parametrized layer's weight is computed by
+# calling its ParametrizationList (which holds the parameter ``original``) whenever it is read, first while
+# ``spectral_norm`` registers it on the CPU, before the script moves the model: that call was taken for the
+# model ("3 parameters or buffers left on the CPU: original, 0._u, 0._v", its gradients never compared).
+_PYTORCH_MACHINERY = ("torch.nn.utils.parametrize", "torch.nn.utils.parametrizations")
+
+
 def _capturing_call(state: _State, torch, here, orig_call):
     """Module.__call__ that captures the compared call (see _State), compiles it under a compile target, and
     on the target keeps the gradient that reaches its outputs."""
     def call(self, *args, **kwargs):
         if state.captured or state.depth or not state.recording or torch.compiler.is_compiling():
             return orig_call(self, *args, **kwargs)
-        if not any(True for _ in self.parameters()):
+        if not any(True for _ in self.parameters()) or type(self).__module__ in _PYTORCH_MACHINERY:
             return orig_call(self, *args, **kwargs)
         builds_graph = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
 

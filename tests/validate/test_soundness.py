@@ -178,3 +178,14 @@ def test_the_loss_curve_is_the_loss_not_the_loss_a_grad_scaler_scaled(validate):
     assert scaled.report["verdict"] == "ready", scaled.stdout
     for side in ("reference", "target"):
         assert scaled.report["curves"][side]["losses"] == plain.report["curves"][side]["losses"], side
+
+
+def test_a_parametrized_layers_weight_computation_is_not_taken_for_the_model(validate):
+    """spectral_norm computes its weight by calling a ParametrizationList (holding ``original``) while the
+    layer is built on the CPU: that call was taken for the model, its parameters reported as left on the CPU
+    and the model's gradients never compared."""
+    run = validate(script("parametrized_layers.py"), "--emulator-profile", "exact")
+    assert run.report["verdict"] == "ready", run.stdout
+    assert not run.findings("placement", "warning")
+    (numerics,) = run.findings("numerics", "info")
+    assert "gradients (7)" in numerics["title"], numerics["title"]
