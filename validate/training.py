@@ -215,7 +215,12 @@ def _capturing_call(state: _State, torch, here, orig_call):
         def capture() -> None:
             # torch.compile(model) hands back a wrapper (_orig_mod); model.compile() compiles in place
             state.model_compiled = hasattr(self, "_orig_mod") or getattr(self, "_compiled_call_impl", None) is not None
-            _capture(state, torch, getattr(self, "_orig_mod", self), args, kwargs, here)
+            model = getattr(self, "_orig_mod", self)
+            if isinstance(model, torch.nn.DataParallel):
+                # On one device it calls its module with the same inputs; copied to the CPU reference it refuses
+                # to run ("module must have its parameters and buffers on device neuron:0 (device_ids[0])").
+                model = model.module
+            _capture(state, torch, model, args, kwargs, here)
 
         if not builds_graph:
             if not state.root_type:  # the first call: kept until a call with gradients replaces it

@@ -189,3 +189,16 @@ def test_a_parametrized_layers_weight_computation_is_not_taken_for_the_model(val
     assert not run.findings("placement", "warning")
     (numerics,) = run.findings("numerics", "info")
     assert "gradients (7)" in numerics["title"], numerics["title"]
+
+
+def test_a_model_in_data_parallel_has_its_layers_compared_and_a_fault_is_named(validate):
+    """nn.DataParallel on the device, copied to the CPU reference, refused to run ("module must have its
+    parameters and buffers on device neuron:0 (device_ids[0])"): the layers were never compared."""
+    clean = validate(script("data_parallel.py"), "--emulator-profile", "exact")
+    assert clean.report["verdict"] == "ready", clean.stdout
+    assert "gradients (4)" in clean.findings("numerics", "info")[0]["title"]
+    run = validate(script("data_parallel.py"), "--emulator-profile", "exact",
+                   env={"NEURON_VALIDATE_FAULTS": "perturb@aten::addmm,rel=0.02"})
+    assert run.report["verdict"] == "not ready", run.stdout
+    (numerics,) = run.findings("numerics", "error")
+    assert numerics["data"]["op"] == "aten::addmm"
