@@ -31,6 +31,7 @@ reduction switches. A JSON file (``NEURON_VALIDATE_PRECISION_MODEL`` or
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import math
 import os
@@ -300,6 +301,12 @@ HALF_PRECISION_DIFFERS = (*MATMUL_OPS, "aten::_softmax", "aten::_log_softmax", "
                           "aten::huber_loss", "aten::binary_cross_entropy_with_logits")
 
 
+@functools.lru_cache(maxsize=None)
+def _half_precision_differs(op_name: str) -> bool:
+    """Whether ``op_name`` matches :data:`HALF_PRECISION_DIFFERS` (asked once per op: every dispatch asks)."""
+    return any(fnmatch.fnmatchcase(op_name, p) for p in HALF_PRECISION_DIFFERS)
+
+
 def low_precision_rounding(op_name: str, tensors: list) -> OpPrecision | None:
     """The rounding of an op of :data:`HALF_PRECISION_DIFFERS` given bfloat16 or float16 tensors (the script's
     autocast, or its half-precision model): the device's result may lie anywhere within the half type's
@@ -311,7 +318,7 @@ def low_precision_rounding(op_name: str, tensors: list) -> OpPrecision | None:
 
     dtypes = {t.dtype for t in tensors if t.is_floating_point()}
     half = torch.bfloat16 if torch.bfloat16 in dtypes else torch.float16 if torch.float16 in dtypes else None
-    if half is None or not any(fnmatch.fnmatchcase(op_name, p) for p in HALF_PRECISION_DIFFERS):
+    if half is None or not _half_precision_differs(op_name):
         return None
     unit, name = (BF16_U, "bfloat16") if half == torch.bfloat16 else (FP16_U, "float16")
     return OpPrecision(pattern=op_name, rel=unit, where="outputs", reason=f"{name} rounding (autocast)")

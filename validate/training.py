@@ -148,9 +148,11 @@ def _marking_scale(orig_scale):
     loss times a scale that grows and backs off on its own schedule (65,536 at first). A step the target's
     scaler skips for an inf gradient halves its scale: recorded scaled, its curve would lie 2x off the
     reference's from then on, where the losses themselves agree."""
+    import torch
+
     def scale(self, outputs):
         scaled = orig_scale(self, outputs)
-        if scaled is not outputs and getattr(scaled, "numel", lambda: 0)() == 1:
+        if isinstance(outputs, torch.Tensor) and outputs.numel() == 1 and scaled is not outputs:
             scaled._unscaled_loss = outputs
         return scaled
     return scale
