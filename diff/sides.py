@@ -138,8 +138,17 @@ def model_copy(model: torch.nn.Module, memo: dict | None = None) -> torch.nn.Mod
     m.dropout(m.c_proj(m.act(m.c_fc(x))))`` closes over ``m = self.mlp``, called the original's layers: on
     the reference, the target's weights on the target's device ("MmBackward0 returned an invalid gradient ...
     expected device cpu but got neuron:0"); on a snapshot, the live model's weights, trained further since.
-    Functions held in a module's attributes, and in its dicts and lists of them (hooks), are rebound."""
+    Functions held in a module's attributes, and in its dicts and lists of them (hooks), are rebound.
+
+    A tensor attribute computed from the parameters (pruning's ``weight = weight_orig * weight_mask``, the old
+    ``weight_norm``'s ``weight``) is copied detached: ``deepcopy`` refuses a tensor with a history ("Only
+    Tensors created explicitly by the user (graph leaves) support the deepcopy protocol"), and the module's
+    forward pre-hook computes it afresh from the copy's own parameters at every call."""
     memo = {} if memo is None else memo
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor) and value.grad_fn is not None and id(value) not in memo:
+                memo[id(value)] = value.detach().clone()
     copied = copy.deepcopy(model, memo)
     for module in copied.modules():
         for name, value in list(vars(module).items()):

@@ -8,7 +8,9 @@ so a report can be rebuilt or compared without rerunning anything.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import random
 import sys
 import traceback
 from collections import Counter
@@ -121,8 +123,32 @@ def named_inputs(args, kwargs) -> list[tuple[str, Any]]:
     return items
 
 
-def fingerprint(tensors: Iterable[Any]) -> str:
-    """A hash of the exact values: equal on both sides when they start from the same weights and data."""
+SKETCH_SAMPLES = 4096  # values of a tensor, evenly spaced, that its sketch projects
+SKETCH_PROJECTIONS = 4
+_sketch_signs: list[torch.Tensor] = []
+
+
+def sketch(cpu: torch.Tensor) -> list[float]:
+    """A floating tensor's root mean square and a few projections of its values (evenly spaced samples on
+    fixed random signs, scaled by the root of their count): close for two tensors within rounding of each
+    other, and for two unrelated ones (another seed, another batch) as far apart as the values themselves."""
+    if not _sketch_signs:
+        bits = random.Random(0).getrandbits(SKETCH_PROJECTIONS * SKETCH_SAMPLES)  # no torch generator: no draw
+        signs = [1.0 if bits >> i & 1 else -1.0 for i in range(SKETCH_PROJECTIONS * SKETCH_SAMPLES)]
+        _sketch_signs.append(torch.tensor(signs, dtype=torch.float64).view(SKETCH_PROJECTIONS, SKETCH_SAMPLES))
+    values = cpu.reshape(-1)
+    sample = values[::max(1, values.numel() // SKETCH_SAMPLES)][:SKETCH_SAMPLES].double()
+    projections = _sketch_signs[0][:, :sample.numel()] @ sample / sample.numel() ** 0.5
+    return [x if math.isfinite(x) else None for x in (sample.pow(2).mean().sqrt().item(), *projections.tolist())]
+
+
+def fingerprint(tensors: Iterable[Any], sketches: list[list] | None = None) -> str:
+    """A hash of the exact values: equal on both sides when they start from the same weights and data.
+
+    ``sketches``, when given, gets each floating tensor's :func:`sketch`: where the hashes differ, they tell
+    another start (another seed, a checkpoint read on one side only, another batch: values unrelated) from
+    the same start reached through arithmetic on each side's device (values within rounding), as where the
+    model's first call comes after training steps (``validate.checks.same_start_within_rounding``)."""
     h = hashlib.sha1()
     for t in tensors:
         if isinstance(t, torch.Tensor):
@@ -132,6 +158,8 @@ def fingerprint(tensors: Iterable[Any]) -> str:
             h.update(str(cpu.dtype).encode() + str(tuple(cpu.shape)).encode())
             if cpu.numel():
                 h.update(cpu.reshape(-1).view(torch.uint8).numpy().tobytes())
+                if sketches is not None and cpu.is_floating_point():
+                    sketches.append(sketch(cpu))
     return h.hexdigest()[:16]
 
 

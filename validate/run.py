@@ -211,6 +211,9 @@ def _band_sides(options: ValidateOptions, settings: RunSettings, data: dict, pro
         return
     ref_draws, tgt_draws = DrawLog.from_dict(ref.get("draws")), DrawLog.from_dict(tgt.get("draws"))
     parting = first_parting(ref_draws, tgt_draws)
+    if parting is not None and ((parting.target is None and tgt.get("error"))
+                                or (parting.reference is None and ref.get("error"))):
+        parting = None  # a side that failed drew nothing more from there: its failure is the finding
     on_device = tuple(tgt_draws.on_device)
     data["draws"] = {"reference": len(ref_draws), "target": len(tgt_draws), "on_device": len(on_device),
                      "ops_on_device": sorted({tgt_draws.draws[i].op for i in on_device}),
@@ -224,7 +227,7 @@ def _band_sides(options: ValidateOptions, settings: RunSettings, data: dict, pro
         jobs += [Job(case=_side_case(options, "reference", label=f"perturbed-{k}", precision=model.to_dict(),
                                      perturb_seed=options.seed * 1_000_003 + k), env=cpu_env)
                  for k in range(NOISE_RUNS)]
-    own_stream = bool(on_device) and options.nproc == 1 and parting is None
+    own_stream = bool(on_device) and options.nproc == 1 and parting is None and not tgt.get("error")
     if own_stream:
         jobs.append(Job(case=_side_case(options, "target", label="target-own", draws="own")))
         jobs += [Job(case=_side_case(options, "reference", label=f"stream-{k}", own_stream=on_device,

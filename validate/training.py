@@ -53,6 +53,9 @@ class _State:
         self.micro_losses: list[float] = []  # one per backward(): gradient accumulation makes several a step
         self.micro_times: list[float] = []
         self.pending: list[float] = []  # backward() losses since the last optimizer step
+        self.in_step = 0  # inside an optimizer's step(): a backward() there is its closure's (L-BFGS)
+        self.closure_losses: list[float] = []  # backward() losses of the closure of the step under way
+        self.closure_steps = 0  # steps whose backward() calls ran in the optimizer's closure
         self.optimizer_steps = 0
         self.optimizers: set[int] = set()  # those whose steps closed a training step (a GAN has two)
         self.script_compiles: list[str] = []  # where the script calls torch.compile itself
@@ -62,6 +65,7 @@ class _State:
         self.depth = 0
         self.captured = False
         self.snapshot = None
+        self.copy_error = ""  # why the compared call's model could not be copied (its layers are not compared)
         self.inputs = None
         self.grad_output: list = []
         self.output_sizes: list[int] = []
@@ -127,9 +131,11 @@ def _install(state: _State, torch, here) -> dict:
     GradScaler.scale = _marking_scale(originals["scale"])
     torch.nn.Module.__call__ = _capturing_call(state, torch, here, originals["call"])
     torch.compile = _counting_compile(state, torch, here, originals["compile"])
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    originals["step_hook"] = register_optimizer_step_post_hook(_step_recorder(state))
+    before_step, after_step = _step_recorder(state)
+    originals["step_hooks"] = (register_optimizer_step_pre_hook(before_step),
+                               register_optimizer_step_post_hook(after_step))
     return originals
 
 
@@ -140,7 +146,8 @@ def _uninstall(torch, originals: dict) -> None:
     torch.autograd.backward = originals["backward"]
     torch.nn.Module.__call__ = originals["call"]
     torch.compile = originals["compile"]
-    originals["step_hook"].remove()
+    for hook in originals["step_hooks"]:
+        hook.remove()
 
 
 def _marking_scale(orig_scale):
@@ -173,6 +180,8 @@ def _recording_backward(state: _State, torch, orig_backward):
                 state.micro_losses.append(value)
                 state.micro_times.append(time.perf_counter())
                 state.pending.append(value)
+                if state.in_step:
+                    state.closure_losses.append(value)
                 if not state.optimizer_steps:
                     state.progress(side=spec.side, phase="train", step=len(state.micro_losses), steps=spec.steps,
                                    loss=value)
@@ -181,20 +190,35 @@ def _recording_backward(state: _State, torch, orig_backward):
 
 
 def _step_recorder(state: _State):
-    """A global post-hook of every optimizer's step(): closes a training step (gradient accumulation
-    gives it several backward() calls; a GradScaler that skips a step leaves them to the next)."""
+    """Global pre- and post-hooks of every optimizer's step(): the post-hook closes a training step (gradient
+    accumulation gives it several backward() calls; a GradScaler that skips a step leaves them to the next).
+
+    An optimizer that evaluates a closure (L-BFGS: its line search calls it a number of times that depends on
+    the values) runs backward() inside step(): that step's loss is the closure's first, at the step's starting
+    weights, as ``step(closure)`` returns it. The mean of the line search's trial points moved 25% between
+    perturbed runs of a small regression, so the curves could not tell a correct device from a wrong one."""
+    def before_step(optimizer, args, kwargs) -> None:
+        state.in_step += 1
+        if state.in_step == 1:
+            state.closure_losses = []
+
     def optimizer_step(optimizer, args, kwargs) -> None:
+        state.in_step = max(0, state.in_step - 1)
         if not state.recording or not state.pending:
             return
         state.optimizers.add(id(optimizer))
         state.optimizer_steps += 1
         value = sum(state.pending) / len(state.pending)
+        if state.closure_losses and not state.in_step:
+            value = state.closure_losses[0]
+            state.closure_steps += 1
+            state.closure_losses = []
         state.losses.append(value)
         state.times.append(time.perf_counter())
         state.pending = []
         state.progress(side=state.spec.side, phase="train", step=state.optimizer_steps, steps=state.spec.steps,
                        loss=value)
-    return optimizer_step
+    return before_step, optimizer_step
 
 
 # Modules PyTorch calls on a model's behalf, never the model: a parametrized layer's weight is computed by
@@ -208,7 +232,10 @@ def _capturing_call(state: _State, torch, here, orig_call):
     """Module.__call__ that captures the compared call (see _State), compiles it under a compile target, and
     on the target keeps the gradient that reaches its outputs."""
     def call(self, *args, **kwargs):
-        if state.captured or state.depth or not state.recording or torch.compiler.is_compiling():
+        if (state.captured or state.depth or not state.recording or torch.compiler.is_compiling()
+                or torch._C._functorch.peek_interpreter_stack() is not None):
+            # Inside a torch.func transform (vmap, grad, jacrev) the inputs and the swapped-in parameters are
+            # functorch's wrappers, which have no storage to copy; a call outside one is captured instead.
             return orig_call(self, *args, **kwargs)
         if not any(True for _ in self.parameters()) or type(self).__module__ in _PYTORCH_MACHINERY:
             return orig_call(self, *args, **kwargs)
@@ -306,8 +333,10 @@ def _capture(state: _State, torch, root, args, kwargs, target) -> None:
         state.first_call_time = time.perf_counter()
     state.root_type = type(root).__name__
     state.root = weakref.ref(root)
-    state.fingerprints = {"parameters": fingerprint(root.state_dict().values()),
-                          "inputs": fingerprint(t for _, t in named_inputs(args, kwargs))}
+    sketches: dict[str, list] = {"parameters_sketch": [], "inputs_sketch": []}
+    state.fingerprints = {"parameters": fingerprint(root.state_dict().values(), sketches["parameters_sketch"]),
+                          "inputs": fingerprint((t for _, t in named_inputs(args, kwargs)), sketches["inputs_sketch"]),
+                          **sketches}
     device_type = target.device.type if state.spec.side == "target" else "cpu"
     state.autocast = (str(torch.get_autocast_dtype(device_type)).removeprefix("torch.")
                       if torch.is_autocast_enabled(device_type) else None)
@@ -320,9 +349,10 @@ def _capture(state: _State, torch, root, args, kwargs, target) -> None:
         return
     try:
         state.snapshot = model_copy(root)
+        state.copy_error = ""
         state.inputs = to_device((tuple(args), dict(kwargs)), "cpu", requires_grad=False)
     except Exception as exc:  # noqa: BLE001 - a model that cannot be copied is still validated, without layers
-        state.notes.append(f"layer localisation skipped: the model cannot be copied ({type(exc).__name__}: {exc})")
+        state.copy_error = f"the model cannot be copied ({type(exc).__name__}: {exc})"
         state.snapshot = None
 
 
@@ -383,6 +413,8 @@ def observe(spec: ChildSpec, progress) -> dict:
         _target_observations(here, state, side, trace, draws, result)
         if state.snapshot is not None:
             _compare_snapshot(spec, here, state, side, result, progress)
+        elif state.copy_error:  # a warning, never silence: the verdict would rest on the curves alone
+            result["localization_error"] = state.copy_error
     result["side"] = spec.side
     result[spec.side] = side.to_dict()
     result["notes"] += state.notes
@@ -476,7 +508,7 @@ def _side_observations(here, state: _State, side: SideObservations, draws) -> No
         side.curve = LossCurve(label=here.describe(), losses=tuple(losses), step_seconds=tuple(steps)).to_dict()
     side.extra["stopped_at_steps"] = state.stopped
     side.extra["steps"] = {"optimizer": state.optimizer_steps, "backward": len(state.micro_losses),
-                           "optimizers": len(state.optimizers)}
+                           "optimizers": len(state.optimizers), "closure": state.closure_steps}
     side.extra["script_compiles"] = list(dict.fromkeys(state.script_compiles))
     side.extra["draws"] = draws.log.to_dict()
     side.extra["model"] = {"class": state.root_type} if state.root_type else None

@@ -394,3 +394,30 @@ def test_a_packed_sequences_lengths_and_indices_on_the_cpu_are_not_a_placement_e
         x[:, 0] @ torch.randn(4, 2)  # a real mix: a CPU matrix beside a device one
     mixed = [e["op"] for e in placement_from_trace(tracer.events, "neuron") if e["kind"] == "mixed"]
     assert mixed == ["aten::mm"], mixed
+
+
+def test_weights_within_rounding_are_the_same_start_and_unrelated_ones_are_not():
+    """Where the model's first call comes after training (a torch.func loop), the two devices' weights differ
+    in the last bits: the exact hashes differ, the sketches agree. Another seed, or another batch of MNIST-like
+    images (the same background, other digits), is another start."""
+    import torch
+
+    from validate.probes import sketch
+
+    torch.manual_seed(0)
+    weights = torch.randn(64, 20)
+    images = torch.full((64, 784), -0.42)
+    images[:, 300:460] = torch.rand(64, 160) * 2.8
+    others = images.clone()
+    others[:, 300:460] = torch.rand(64, 160) * 2.8
+    curve = {"label": "x", "losses": [1.0, 0.9], "step_seconds": [0.1, 0.1]}
+
+    def start_findings(ref: torch.Tensor, tgt: torch.Tensor) -> list:
+        fp = lambda t: {"parameters": str(hash(t.numpy().tobytes())), "inputs": "b",  # noqa: E731
+                        "parameters_sketch": [sketch(t)]}
+        obs = {"reference": {"curve": curve, "fingerprints": fp(ref)}, "target": {"curve": curve, "fingerprints": fp(tgt)}}
+        return [f for f in run_checks(obs, CTX) if f.check == "same-start"]
+
+    assert not start_findings(weights, weights * (1 + 1e-5 * torch.randn_like(weights)))
+    assert start_findings(weights, torch.randn(64, 20))
+    assert start_findings(images, others)

@@ -202,3 +202,58 @@ def test_a_model_in_data_parallel_has_its_layers_compared_and_a_fault_is_named(v
     assert run.report["verdict"] == "not ready", run.stdout
     (numerics,) = run.findings("numerics", "error")
     assert numerics["data"]["op"] == "aten::addmm"
+
+
+def test_pruned_layers_and_user_autograd_have_their_layers_compared_and_a_fault_is_named(validate):
+    """Pruning's ``weight`` (``weight_orig * weight_mask``, a tensor with a history) made ``deepcopy`` refuse
+    the model: the layers were never compared, and with no finding saying so a 2% device tanh fault inside a
+    custom op was READY on curves 0.26% apart."""
+    clean = validate(script("pruned_custom_ops.py"), "--emulator-profile", "exact")
+    assert clean.report["verdict"] == "ready", clean.stdout
+    assert "gradients (6)" in clean.findings("numerics", "info")[0]["title"]
+    faulty = validate(script("pruned_custom_ops.py"), "--emulator-profile", "exact",
+                      env={"NEURON_VALIDATE_FAULTS": "perturb@aten::tanh,rel=0.02"})
+    assert faulty.report["verdict"] == "not ready", faulty.stdout
+    (numerics,) = faulty.findings("numerics", "error")
+    assert numerics["data"]["op"] == "nvtest::scaled_tanh", numerics
+
+
+def test_a_model_that_cannot_be_copied_is_a_warning_not_silence(validate):
+    run = validate(script("uncopyable_model.py"), "--emulator-profile", "exact")
+    assert run.report["verdict"] == "ready with warnings", run.stdout
+    (numerics,) = run.findings("numerics")
+    assert numerics["severity"] == "warning" and "the model cannot be copied" in numerics["title"], numerics
+    assert "__deepcopy__" in numerics["hint"]
+
+
+def test_a_torch_func_training_loop_is_checked_and_starts_from_the_same_weights(validate):
+    """vmap(grad(functional_call(model, ...))) hands the model functorch's wrappers, which have no storage:
+    the capture failed the reference ("Cannot access data pointer of Tensor that doesn't have storage", exit
+    2). The model's first call outside a transform comes after training, and its weights, computed on each
+    device, differ in the last bits: no longer "different weights"."""
+    run = validate(script("func_training.py"))
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout + run.stderr
+    assert not run.findings("same-start")
+    assert run.findings("numerics", "info")
+
+
+def test_an_optimizer_closure_step_records_what_step_returns(validate):
+    """L-BFGS calls backward() inside step(closure), as often as its line search needs: a step's loss is the
+    closure's first, which step(closure) returns, not the mean of the line search's trial points."""
+    run = validate(script("lbfgs_fit.py"), "--emulator-profile", "exact")
+    assert run.report["verdict"] in ("ready", "ready with warnings"), run.stdout
+    printed = [float(line.rsplit(" ", 1)[1]) for line in
+               open(os.path.join(run.out, "work", "reference", "stdout.txt")).read().splitlines()
+               if line.startswith("step(closure) returned")]
+    assert len(printed) == 4 and run.report["curves"]["reference"]["losses"] == printed, printed
+    assert "the optimizer's closure" in run.findings("loss-curves")[0]["title"]
+
+
+def test_a_target_that_fails_after_a_draw_is_a_failure_not_a_random_stream_difference(validate):
+    """The target fails in its first backward pass (its loss is on the curve), the reference draws on: "the
+    sides ask for different random numbers ... the target drew nothing more" was a second, false finding."""
+    run = validate(script("pruned_custom_ops.py"), "--emulator-profile", "exact",
+                   env={"NEURON_VALIDATE_FAULTS": "raise@aten::tanh,phase=backward"})
+    assert run.report["verdict"] == "not ready", run.stdout
+    assert run.findings("runs", "error")
+    assert not run.findings("randomness"), run.findings("randomness")
