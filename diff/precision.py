@@ -483,6 +483,23 @@ def _bits(relative: float) -> float:
     return 53.0 if relative <= 0 else -math.log2(relative)
 
 
+def _outlier_allowance(deviations: list) -> tuple[int, float]:
+    """How many elements a perturbed run moves beyond the element rule of :func:`noise_floor` when judged
+    against the other runs (the most of any run), and how far any run's deviation reaches: a tensor whose
+    noise moves a few elements far (a ReLU's mask or a max's choice flipped near the kink) moves other
+    elements in every run."""
+    import torch
+
+    if len(deviations) < 2:
+        return 0, 0.0
+    most = 0
+    for j, dev in enumerate(deviations):
+        others = torch.stack([d for k, d in enumerate(deviations) if k != j]).amax(0)
+        allowed = torch.clamp(others, min=SPREAD_FLOOR * float(others.pow(2).mean().sqrt()))
+        most = max(most, int((dev > SPREAD_MULTIPLE * allowed + 1e-300).sum()))
+    return most, max(float(d.max()) for d in deviations)
+
+
 def noise_floor(actual: Any, expected: Any, runs: list, model: PrecisionModel, *, path: str = "output",
                 only: set[str] | None = None) -> NoiseFloor | None:
     """The noise-floor verdict, or None when it cannot be formed (no runs, or outputs of another structure).
@@ -552,6 +569,13 @@ def noise_floor(actual: Any, expected: Any, runs: list, model: PrecisionModel, *
             result.inconclusive = True
             continue
         failing = bool(far.any()) or float(over.double().mean()) > OUTLIER_SHARE
+        if failing:
+            flips, reach = _outlier_allowance(spreads)
+            if flips and int(over.sum()) <= 2 * flips and float(dev.max()) <= SPREAD_MULTIPLE * reach:
+                # The runs themselves move a few elements far from one another (Faster R-CNN's fc7 weight
+                # gradient behind a ReLU, on a correct device, was "beyond device precision" with a smaller
+                # deviation than the runs'): as many of the target's may, no farther than theirs reach.
+                failing = False
         margin = _bits(rel_dev) - (1000.0 if failing else 0.0)  # the least accurate tensor, a failing one first
         if failing:
             result.within = False
