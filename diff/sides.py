@@ -64,6 +64,56 @@ def _redirects(value, from_type: str) -> bool:
     return False
 
 
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.device, torch.dtype, torch.memory_format,
+          torch.layout, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, types.ModuleType)
+_WALK_LIMIT = 10_000  # objects visited looking for tensors inside a value no pytree knows
+
+
+def _tensors_within(value: Any, depth: int = 6) -> list[torch.Tensor] | None:
+    """The tensors an object holds in its attributes, lists, tuples and dicts (a Hugging Face cache's keys and
+    values), or None where there are none, the object is a module, or the walk passes ``_WALK_LIMIT``."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+    stack = [(value, depth)]
+    while stack:
+        obj, left = stack.pop()
+        if id(obj) in seen or isinstance(obj, _PLAIN):
+            continue
+        if isinstance(obj, torch.nn.Module) or len(seen) >= _WALK_LIMIT:
+            return None  # a model handed in as an argument is the caller's to copy, not a value
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            found.append(obj)
+        elif left > 0:
+            if isinstance(obj, dict):
+                children = list(obj.values())
+            elif isinstance(obj, (list, tuple, set, frozenset)):
+                children = list(obj)
+            else:
+                children = list(getattr(obj, "__dict__", {}).values())
+                children += [getattr(obj, n) for n in getattr(type(obj), "__slots__", ()) if hasattr(obj, n)]
+            stack.extend((child, left - 1) for child in children)
+    return found or None
+
+
+def _copy_holding(value: Any, move: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """A copy of an object no pytree knows that holds tensors (transformers' ``DynamicCache``, handed to a
+    model as ``past_key_values``), its tensors moved by ``move``; any other value as it is. Kept as it was,
+    the object is shared with the script, which goes on filling it (the compared call's cache held the whole
+    generation by the time it was replayed), and its tensors stay on the device they were made on (the
+    reference's attention met keys and values on the target's device)."""
+    if isinstance(value, _PLAIN):
+        return value
+    tensors = _tensors_within(value)
+    if not tensors:
+        return value
+    memo = {id(t): move(t) for t in tensors}
+    try:
+        return copy.deepcopy(value, memo)
+    except Exception:  # noqa: BLE001 - what cannot be copied is passed on as before
+        return value
+
+
 def to_device(value: Any, device=None, dtype: torch.dtype | DtypeMap | None = None, *, same_layout: bool = False,
               requires_grad: bool | None = None, redirect: str | None = None) -> Any:
     """Fresh, detached copies of the tensors in a nested value, on ``device`` (None: each tensor's own).
@@ -88,7 +138,7 @@ def to_device(value: Any, device=None, dtype: torch.dtype | DtypeMap | None = No
         if redirect is not None and target is not None and _redirects(v, redirect):
             return target if isinstance(v, torch.device) else str(target)
         if not isinstance(v, torch.Tensor):
-            return v
+            return _copy_holding(v, move)
         flag = v.requires_grad if requires_grad is None else requires_grad
         where = v.device if target is None else target
         want = cast_to(v)

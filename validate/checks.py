@@ -52,6 +52,13 @@ def check_runs(obs: dict, ctx: CheckContext) -> list[Finding]:
         message = error.get("message", "")
         if "not currently implemented for the neuron device" in message or "unsupported" in message.lower():
             hint = "the op has no device kernel and no host fallback: replace it or run it on the CPU explicitly"
+        elif "NestedTensor" in message:  # "NestedTensorImpl doesn't support strides", "... 'NestedTensorPrivateUse1'"
+            hint = ("the target does not support nested tensors, which PyTorch's TransformerEncoder builds from a "
+                    "padding mask when it runs without gradients (eval under no_grad or inference_mode): construct "
+                    "it with enable_nested_tensor=False to compute the same with dense tensors")
+        elif "SparseTensorImpl" in message or "SparsePrivateUse1" in message:
+            hint = ("the target does not support sparse tensors, which nn.Embedding and nn.EmbeddingBag make for "
+                    "their gradients with sparse=True: use sparse=False (and a dense optimizer for SparseAdam)")
         return [Finding(check="runs", severity="error", title=f"fails on the target: {message}",
                         where=_where(error.get("source")), detail="; ".join(detail), hint=hint,
                         data={"error": {k: v for k, v in error.items() if k != "traceback"}})]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from diff.sides import run_model, side_model
+from diff.sides import run_model, side_model, to_device
 
 
 class Tied(nn.Module):
@@ -114,3 +114,20 @@ def test_a_copy_calls_its_own_layers_through_the_functions_the_model_keeps(neuro
         for p in model.parameters():
             p.add_(1.0)
     torch.testing.assert_close(reference(x), out)
+
+
+def test_an_object_holding_tensors_is_copied_with_them_and_a_module_is_not():
+    """transformers' caches are no pytree: to_device copies such an object, its tensors moved, so that the
+    copy neither follows the original's later changes nor keeps tensors on the original's device."""
+    class Cache:
+        def __init__(self):
+            self.layers = [{"keys": torch.ones(2), "values": torch.zeros(2)}]
+            self.seen = 3
+
+    cache, layer = Cache(), torch.nn.Linear(2, 2)
+    moved = to_device({"past": cache, "layer": layer, "n": 4}, "cpu", torch.float64)
+    assert moved["past"] is not cache and moved["past"].seen == 3 and moved["layer"] is layer and moved["n"] == 4
+    keys = moved["past"].layers[0]["keys"]
+    assert keys.dtype == torch.float64 and keys.tolist() == [1.0, 1.0]
+    cache.layers[0]["keys"].add_(1)
+    assert keys.tolist() == [1.0, 1.0]

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -73,13 +76,16 @@ def test_a_batch_that_raises_is_bisected_down_to_the_samples_responsible(tmp_pat
     assert "target raised" in repro.stdout and repro.returncode == 1, repro.stdout + repro.stderr[-2000:]
 
 
-def test_a_compiler_that_dies_on_one_sample_crashes_that_sample_and_one_that_hangs_times_out_its_case(tmp_path):
+def test_a_compiler_that_dies_on_one_sample_crashes_that_sample_and_one_that_hangs_times_out_its_case(tmp_path, request):
     """Bad input, for real: the emulated compiler segfaults on graphs where addcmul takes a float64 (a Python
     float ``value``: the second sample), and hangs on any graph with tanh. The worker dies twice on addcmul (the
     batch, then the sample alone), and the case resumes past each death: one sample is a crash, the other
     passes. tanh's case times out alone; sin's, in the same run, passes."""
-    temp = tmp_path / "tmp"  # the run's own temporary folders: the crash folder must not outlive the run
-    temp.mkdir()
+    # The run's own temporary folders: the crash folder must not outlive the run. Short, not under tmp_path:
+    # multiprocessing's sockets live there, and a worker's tmp_path (pytest-of-root/pytest-N/popen-gwK/...)
+    # made "OSError: AF_UNIX path too long".
+    temp = Path(tempfile.mkdtemp(prefix="nv-"))
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
     env = {"NEURON_VALIDATE_FAULTS": "crash@aten::addcmul,mode=compiler,dtype=float64;hang@aten::tanh,mode=compiler",
            "TMPDIR": str(temp)}
     # 25 s: the hang waits that long. The other cases' runs take 0.5-1.3 s at load 14 on 2 cores (a replacement

@@ -421,3 +421,13 @@ def test_weights_within_rounding_are_the_same_start_and_unrelated_ones_are_not()
     assert not start_findings(weights, weights * (1 + 1e-5 * torch.randn_like(weights)))
     assert start_findings(weights, torch.randn(64, 20))
     assert start_findings(images, others)
+
+
+@pytest.mark.parametrize("message, words", [
+    ("RuntimeError: Internal error: NestedTensorImpl doesn't support strides. Please file an issue.",
+     "enable_nested_tensor=False"),
+    ("NotImplementedError: Cannot access storage of SparseTensorImpl", "sparse=False")])
+def test_a_target_without_nested_or_sparse_tensors_is_told_what_to_change(message, words):
+    obs = {"target": {"error": {"message": message, "phase": "step 7"}}, "reference": {"ran": True}}
+    (runs,) = [f for f in run_checks(obs, CTX) if f.check == "runs"]
+    assert runs.severity == "error" and words in runs.hint, runs.hint

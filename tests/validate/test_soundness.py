@@ -257,3 +257,17 @@ def test_a_target_that_fails_after_a_draw_is_a_failure_not_a_random_stream_diffe
     assert run.report["verdict"] == "not ready", run.stdout
     assert run.findings("runs", "error")
     assert not run.findings("randomness"), run.findings("randomness")
+
+
+def test_a_generate_loop_has_its_first_call_compared_with_its_own_cache_and_a_fault_is_named(validate):
+    """generate() hands the model a DynamicCache that it fills as it goes: kept by reference, the compared
+    call's cache held the whole generation, on the target's device, and the reference's attention refused it
+    ("Expected query, key, and value to have the same device type"): layers not compared, and a 2% tanh fault
+    in GPT-2's GELU was READY WITH WARNINGS."""
+    clean = validate(script("generates_text.py"), "--emulator-profile", "exact")
+    assert clean.report["verdict"] == "ready", clean.stdout
+    faulty = validate(script("generates_text.py"), "--emulator-profile", "exact",
+                      env={"NEURON_VALIDATE_FAULTS": "perturb@aten::tanh,rel=0.02"})
+    assert faulty.report["verdict"] == "not ready", faulty.stdout
+    (numerics,) = faulty.findings("numerics", "error")
+    assert numerics["data"]["op"] == "aten::tanh", numerics
