@@ -73,7 +73,8 @@ def placement_scan(model: torch.nn.Module, device_type: str) -> dict:
                     cpu_state.append({"kind": kind, "name": name, "shape": list(t.shape), "dtype": _dtype(t)})
     plain = []
     for module_name, module in model.named_modules():
-        registered = set(module._parameters) | set(module._buffers)
+        # keys(): a TorchScript module's _parameters (an OrderedDictWrapper) cannot be iterated directly
+        registered = set(module._parameters.keys()) | set(module._buffers.keys())
         for attr, value in vars(module).items():
             if attr.startswith("_") or attr in registered or not isinstance(value, torch.Tensor):
                 continue

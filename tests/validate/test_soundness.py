@@ -271,3 +271,13 @@ def test_a_generate_loop_has_its_first_call_compared_with_its_own_cache_and_a_fa
     assert faulty.report["verdict"] == "not ready", faulty.stdout
     (numerics,) = faulty.findings("numerics", "error")
     assert numerics["data"]["op"] == "aten::tanh", numerics
+
+
+def test_a_torchscript_model_runs_on_the_target_and_its_uncompared_layers_are_a_warning(validate):
+    """The placement scan iterated a ScriptModule's parameter table, which TorchScript cannot iterate:
+    "fails on the target: TypeError: contains(): incompatible function arguments", a false NOT READY. Its
+    layers are still not compared (TorchScript refuses hooks): a warning, not silence."""
+    run = validate(script("scripted_model.py"), "--emulator-profile", "exact")
+    assert run.returncode == 0 and not run.findings("runs", "error"), run.stdout
+    assert run.report["verdict"] == "ready with warnings"
+    assert run.findings("numerics", "warning")[0]["title"].startswith("layers not compared")
