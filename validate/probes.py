@@ -136,7 +136,7 @@ def sketch(cpu: torch.Tensor) -> list[float]:
     if not _sketch_signs:
         bits = random.Random(0).getrandbits(SKETCH_PROJECTIONS * SKETCH_SAMPLES)  # no torch generator: no draw
         signs = [1.0 if bits >> i & 1 else -1.0 for i in range(SKETCH_PROJECTIONS * SKETCH_SAMPLES)]
-        _sketch_signs.append(torch.tensor(signs, dtype=torch.float64).view(SKETCH_PROJECTIONS, SKETCH_SAMPLES))
+        _sketch_signs.append(torch.tensor(signs, dtype=torch.float64, device="cpu").view(SKETCH_PROJECTIONS, -1))
     values = cpu.reshape(-1)
     sample = values[::max(1, values.numel() // SKETCH_SAMPLES)][:SKETCH_SAMPLES].double()
     projections = _sketch_signs[0][:, :sample.numel()] @ sample / sample.numel() ** 0.5

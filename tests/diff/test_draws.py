@@ -184,6 +184,27 @@ def test_draws_of_one_op_with_other_parameters_are_compared_pair_by_pair():
     assert wrong.op == "aten::normal_" and wrong.what == "variance", wrong
 
 
+def _linear_init_draws_of(device) -> "SharedDraws":
+    """A regression model initialised on the device (``torch.set_default_device``): the last Linear's bias
+    is one number."""
+    with SharedDraws() as mode, torch.device(device):
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    return mode
+
+
+def test_a_draw_of_one_number_is_no_evidence_of_another_distribution():
+    """A draw of one number has no spread: its difference was "inf standard errors apart" and failed a
+    correct device (Linear(32, 1)'s bias, initialised on the device). Twice the scale is still found in the
+    other draws."""
+    from diff.draws import compare_streams
+
+    reference, clean, scaled = _streams(_linear_init_draws_of, "perturb@aten::uniform_,rel=1.0")
+    assert len(clean.on_device) == 4 and clean.draws[clean.on_device[-1]].moments[0] == 1
+    assert compare_streams(reference, clean, clean.on_device) == []
+    (wrong,) = compare_streams(reference, scaled, scaled.on_device)
+    assert wrong.op == "aten::uniform_" and wrong.what == "variance", wrong
+
+
 def _value_dependent_draws_of(device, scale: float) -> "SharedDraws":
     """rrelu in training: its output is its input times the noise, so it depends on the input's values."""
     with SharedDraws() as mode:
