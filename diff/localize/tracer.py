@@ -50,15 +50,15 @@ HOST_ARGUMENTS = {"aten::_pack_padded_sequence": "lengths", "aten::_pad_packed_s
                   "aten::_index_put_impl_": "indices"}
 
 
-def _cpu_inputs(func, args, kwargs) -> int:
-    """CPU tensors of one or more dimensions among an op's inputs (0-dim ones are scalars), the arguments
-    PyTorch keeps on the host (:data:`HOST_ARGUMENTS`) left out."""
+def _cpu_inputs(func, args, kwargs, inputs: list[torch.Tensor]) -> int:
+    """CPU tensors of one or more dimensions among an op's ``inputs`` (0-dim ones are scalars), the arguments
+    PyTorch keeps on the host (:data:`HOST_ARGUMENTS`) left out (only those ops' arguments are looked at again)."""
     host = HOST_ARGUMENTS.get(func._schema.name)
     if host is not None:
         names = [a.name for a in func._schema.arguments]
         args = [a for name, a in zip(names, args) if name != host] + list(args[len(names):])
-        kwargs = {k: v for k, v in kwargs.items() if k != host}
-    return sum(1 for t in tensors((args, kwargs)) if t.device.type == "cpu" and t.dim() > 0)
+        inputs = tensors((args, {k: v for k, v in kwargs.items() if k != host}))
+    return sum(1 for t in inputs if t.device.type == "cpu" and t.dim() > 0)
 
 
 class OpTracer(TorchDispatchMode):
@@ -104,7 +104,7 @@ class OpTracer(TorchDispatchMode):
         self.events.append(TraceEvent(
             op=name, source=source, module=self.module_of() if self.module_of else None,
             input_devices=devices_in, output_devices=tuple(sorted({t.device.type for t in outputs})),
-            cpu_inputs=_cpu_inputs(func, args, kwargs),
+            cpu_inputs=_cpu_inputs(func, args, kwargs, inputs),
             factory=not inputs, failed=failed,
         ))
         if self.keep_outputs and not failed:

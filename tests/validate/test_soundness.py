@@ -22,6 +22,18 @@ def script(name: str) -> str:
     return os.path.join(SCRIPTS, name)
 
 
+def _ready_and_a_fault_named(validate, name: str, fault: str, op: str):
+    """``name`` is READY on a clean device (profile ``exact``) and NOT READY with ``fault``, named at ``op``;
+    returns the clean run."""
+    clean = validate(script(name), "--emulator-profile", "exact")
+    assert clean.report["verdict"] == "ready", clean.stdout
+    faulty = validate(script(name), "--emulator-profile", "exact", env={"NEURON_VALIDATE_FAULTS": fault})
+    assert faulty.report["verdict"] == "not ready", faulty.stdout
+    (numerics,) = faulty.findings("numerics", "error")
+    assert numerics["data"]["op"] == op, numerics
+    return clean
+
+
 def test_dropout_model_with_a_one_percent_fault_is_not_ready_and_named(validate):
     run = validate(example("dropout_classifier.py"), env=FAULT)
     assert run.returncode == 1 and run.report["verdict"] == "not ready", run.stdout
@@ -194,28 +206,17 @@ def test_a_parametrized_layers_weight_computation_is_not_taken_for_the_model(val
 def test_a_model_in_data_parallel_has_its_layers_compared_and_a_fault_is_named(validate):
     """nn.DataParallel on the device, copied to the CPU reference, refused to run ("module must have its
     parameters and buffers on device neuron:0 (device_ids[0])"): the layers were never compared."""
-    clean = validate(script("data_parallel.py"), "--emulator-profile", "exact")
-    assert clean.report["verdict"] == "ready", clean.stdout
+    clean = _ready_and_a_fault_named(validate, "data_parallel.py", "perturb@aten::addmm,rel=0.02", "aten::addmm")
     assert "gradients (4)" in clean.findings("numerics", "info")[0]["title"]
-    run = validate(script("data_parallel.py"), "--emulator-profile", "exact",
-                   env={"NEURON_VALIDATE_FAULTS": "perturb@aten::addmm,rel=0.02"})
-    assert run.report["verdict"] == "not ready", run.stdout
-    (numerics,) = run.findings("numerics", "error")
-    assert numerics["data"]["op"] == "aten::addmm"
 
 
 def test_pruned_layers_and_user_autograd_have_their_layers_compared_and_a_fault_is_named(validate):
     """Pruning's ``weight`` (``weight_orig * weight_mask``, a tensor with a history) made ``deepcopy`` refuse
     the model: the layers were never compared, and with no finding saying so a 2% device tanh fault inside a
     custom op was READY on curves 0.26% apart."""
-    clean = validate(script("pruned_custom_ops.py"), "--emulator-profile", "exact")
-    assert clean.report["verdict"] == "ready", clean.stdout
+    clean = _ready_and_a_fault_named(validate, "pruned_custom_ops.py", "perturb@aten::tanh,rel=0.02",
+                                     "nvtest::scaled_tanh")
     assert "gradients (6)" in clean.findings("numerics", "info")[0]["title"]
-    faulty = validate(script("pruned_custom_ops.py"), "--emulator-profile", "exact",
-                      env={"NEURON_VALIDATE_FAULTS": "perturb@aten::tanh,rel=0.02"})
-    assert faulty.report["verdict"] == "not ready", faulty.stdout
-    (numerics,) = faulty.findings("numerics", "error")
-    assert numerics["data"]["op"] == "nvtest::scaled_tanh", numerics
 
 
 def test_a_model_that_cannot_be_copied_is_a_warning_not_silence(validate):
@@ -264,13 +265,7 @@ def test_a_generate_loop_has_its_first_call_compared_with_its_own_cache_and_a_fa
     call's cache held the whole generation, on the target's device, and the reference's attention refused it
     ("Expected query, key, and value to have the same device type"): layers not compared, and a 2% tanh fault
     in GPT-2's GELU was READY WITH WARNINGS."""
-    clean = validate(script("generates_text.py"), "--emulator-profile", "exact")
-    assert clean.report["verdict"] == "ready", clean.stdout
-    faulty = validate(script("generates_text.py"), "--emulator-profile", "exact",
-                      env={"NEURON_VALIDATE_FAULTS": "perturb@aten::tanh,rel=0.02"})
-    assert faulty.report["verdict"] == "not ready", faulty.stdout
-    (numerics,) = faulty.findings("numerics", "error")
-    assert numerics["data"]["op"] == "aten::tanh", numerics
+    _ready_and_a_fault_named(validate, "generates_text.py", "perturb@aten::tanh,rel=0.02", "aten::tanh")
 
 
 def test_a_torchscript_model_runs_on_the_target_and_its_uncompared_layers_are_a_warning(validate):
