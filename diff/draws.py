@@ -253,6 +253,7 @@ def compare_streams(reference: DrawLog, target: DrawLog, indices) -> list[Stream
     import math
 
     by_op: dict[str, tuple[list, list]] = {}
+    drawn_before: set[tuple] = set()
     for i in indices:
         if i >= len(reference) or i >= len(target):
             break
@@ -261,6 +262,14 @@ def compare_streams(reference: DrawLog, target: DrawLog, indices) -> list[Stream
             break  # the sides parted: what follows is not paired
         if r.moments is None or t.moments is None:
             continue
+        if r.state:
+            # The reference's generator left where an earlier draw of the op left it: the same numbers again (a
+            # generator seeded again each epoch, or a state put back). Counted twice, one sample's deviation
+            # would count twice; a correct device that repeats them too failed at 6 standard errors.
+            repeat = (r.op, r.shape, r.state)
+            if repeat in drawn_before:
+                continue
+            drawn_before.add(repeat)
         pair = by_op.setdefault(t.op, ([], []))
         pair[0].append(r.moments)
         pair[1].append(t.moments)
@@ -362,6 +371,69 @@ def _device_of(args, kwargs) -> torch.device:
     return torch.device("cpu")
 
 
+SHADOW_STATES = 1024  # stand-in states kept per mode: a script may rewind a device generator that far (set_state)
+
+
+class _GeneratorShadows:
+    """CPU generators standing in for the device generators a script made (``torch.Generator(device=...)``).
+
+    On the reference the script's generator is a CPU generator seeded alike, so the target's draws from its
+    device generator are taken from a CPU generator that follows the same stream. PyTorch hands the mode a
+    new Python object for the same generator at every call, so a stand-in is found by where the device
+    generator is: each draw moves the device generator on by one small draw of its own, and the stand-in's
+    state is kept under the device generator's state after it. A script that seeds its generator again, or
+    sets a state it saved, finds the stand-in where the reference's generator is then: at the seed's start,
+    or where it was. A device generator whose state cannot be read is followed by its seed alone.
+    """
+
+    def __init__(self, *, keep_moves: bool = False) -> None:
+        from collections import OrderedDict
+
+        self._states: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self.keep_moves = keep_moves  # to put the device generators back (put_back)
+        self._moved: list[tuple[torch.Generator, torch.Tensor]] = []  # (device generator, state before), in order
+
+    @staticmethod
+    def _key(generator: torch.Generator) -> tuple:
+        try:
+            return str(generator.device), _digest(generator)
+        except (RuntimeError, NotImplementedError, TypeError):
+            return str(generator.device), "seed", generator.initial_seed()
+
+    def stand_in(self, generator: torch.Generator) -> torch.Generator:
+        """A CPU generator where the reference's generator is at this point of the device generator's stream."""
+        shadow = torch.Generator()
+        state = self._states.get(self._key(generator))
+        if state is None:
+            shadow.manual_seed(generator.initial_seed())  # seeded (or set to a state never seen): its seed's start
+        else:
+            shadow.set_state(state)
+        return shadow
+
+    def drew(self, generator: torch.Generator, shadow: torch.Generator) -> None:
+        """The stand-in drew: the device generator moves on, and the stand-in's state is kept under its next state."""
+        key = self._key(generator)
+        if len(key) == 2:
+            try:
+                before = generator.get_state() if self.keep_moves else None
+                torch.empty(1, device=generator.device).uniform_(generator=generator)
+                if before is not None:
+                    self._moved.append((generator, before))
+                key = self._key(generator)
+            except (RuntimeError, NotImplementedError):
+                pass
+        self._states[key] = shadow.get_state()
+        self._states.move_to_end(key)
+        while len(self._states) > SHADOW_STATES:
+            self._states.popitem(last=False)
+
+    def put_back(self) -> None:
+        """Every device generator as it was before this mode moved it."""
+        for generator, state in reversed(self._moved):
+            generator.set_state(state)
+        self._moved.clear()
+
+
 class SharedDraws(TorchDispatchMode):
     """Every random op draws from the CPU's generator (see the module docstring), and is logged.
 
@@ -372,11 +444,13 @@ class SharedDraws(TorchDispatchMode):
     generator of their own (seeded by ``seed`` and the index) instead, the
     CPU's generator left where it was: the device's own stream, modelled on
     the reference. ``source_files``: the user's files, preferred when naming
-    the line of a draw.
+    the line of a draw. ``restore_generators``: device generators the script
+    made are put back as they were when the mode ends (a replay of one call
+    must not move the run's streams on).
     """
 
     def __init__(self, *, shared: bool = False, draw_dtype: dict | None = None, own_stream=frozenset(), seed: int = 0,
-                 source_files=()) -> None:
+                 source_files=(), restore_generators: bool = False) -> None:
         super().__init__()
         self.shared = shared
         self.draw_dtype = dict(draw_dtype or {})
@@ -384,7 +458,10 @@ class SharedDraws(TorchDispatchMode):
         self.seed = seed
         self.source_files = tuple(os.path.abspath(f) for f in source_files)
         self.log = DrawLog()
-        self._shadows: dict[int, tuple[int, torch.Generator]] = {}
+        # A CPU generator's state standing in for a device generator the script made, by where that generator
+        # is (_GeneratorShadows); the device generators this mode advanced, to put back (restore_generators).
+        self._shadows = _GeneratorShadows(keep_moves=restore_generators)
+        self.restore_generators = restore_generators
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -425,6 +502,11 @@ class SharedDraws(TorchDispatchMode):
                                    where=_caller(self.source_files), moments=_moments(func, out)))
         return out
 
+    def __exit__(self, *exc) -> None:
+        if self.restore_generators:
+            self._shadows.put_back()
+        return super().__exit__(*exc)
+
     def _maps_dtype(self, func, args, kwargs) -> bool:
         if not self.draw_dtype:
             return False
@@ -434,15 +516,6 @@ class SharedDraws(TorchDispatchMode):
         elif not dtypes and any(a.name == "dtype" for a in func._schema.arguments):
             dtypes.add(torch.get_default_dtype())
         return any(d in self.draw_dtype for d in dtypes)
-
-    def _shadow(self, generator: torch.Generator) -> torch.Generator:
-        """A CPU generator standing in for a device generator the script made: seeded as it was seeded."""
-        seed = generator.initial_seed()
-        known = self._shadows.get(id(generator))
-        if known is None or known[0] != seed:
-            known = (seed, torch.Generator().manual_seed(seed))
-            self._shadows[id(generator)] = known
-        return known[1]
 
     def _on_cpu(self, func, args, kwargs, device: torch.device, generator):
         """The draw taken on the CPU (in the mapped dtype) and written back where the op would have put it."""
@@ -465,12 +538,15 @@ class SharedDraws(TorchDispatchMode):
                 wide.append(asked)
                 cpu_kwargs["dtype"] = self.draw_dtype[asked]
         used = torch.default_generator
-        if generator is not None and generator.device.type != "cpu":
-            used = self._shadow(generator)
+        device_generator = generator is not None and generator.device.type != "cpu"
+        if device_generator:
+            used = self._shadows.stand_in(generator)
             cpu_args, cpu_kwargs = _with_generator(func, cpu_args, cpu_kwargs, used)
         elif generator is not None:
             used = generator
         out = func(*cpu_args, **cpu_kwargs)
+        if device_generator:
+            self._shadows.drew(generator, used)
         back = wide[0] if wide else None
         if func._schema.is_mutable:  # in place (normal_) or out=: the draw goes into the tensors the op writes
             for original, drawn in zip(tree_leaves((args, kwargs)), tree_leaves((cpu_args, cpu_kwargs))):
@@ -499,7 +575,7 @@ def same_draws(state: torch.Tensor, *, double: bool = False, source_files=()) ->
     with torch.random.fork_rng(devices=[]), inductor_config.patch(fallback_random=True):
         torch.random.set_rng_state(state)
         with SharedDraws(shared=True, draw_dtype={torch.float64: torch.float32} if double else None,
-                         source_files=source_files) as mode:
+                         source_files=source_files, restore_generators=True) as mode:
             yield mode
 
 

@@ -289,3 +289,74 @@ def test_attention_is_a_draw_only_with_dropout():
     assert draws(torch.ops.aten.bernoulli_.float, (q, 0.5), {})
     assert not draws(torch.ops.aten._fused_sdp_choice.default, (q, q, q), {})
     assert not draws(torch.ops.aten.add.Tensor, (q, q), {})
+
+
+def _generator_program(device) -> list[torch.Tensor]:
+    """A script's own generator on its device: augmentation noise, the generator seeded again each epoch, a
+    state saved and put back, and a second generator inside a model."""
+    noise, jitter = torch.Generator(device=device), torch.Generator(device=device)
+    jitter.manual_seed(7)
+    out = []
+    for _ in range(2):
+        noise.manual_seed(1234)
+        for _ in range(3):
+            saved = noise.get_state()
+            out.append(torch.randn(4, 5, generator=noise, device=device))
+            out.append(torch.rand(3, generator=jitter, device=device))
+        noise.set_state(saved)
+        out.append(torch.randn(4, 5, generator=noise, device=device))
+    out.append(torch.empty(6, device=device).normal_(generator=noise))
+    return [o.cpu() for o in out]
+
+
+def test_a_device_generator_of_the_script_draws_the_references_numbers(neuron):
+    """PyTorch hands the mode a new Python object for the script's generator at every draw: the stand-in CPU
+    generator, found by that object's identity, started again from the seed at every draw, and a correct
+    device was "the sides ask for different random numbers" at the second draw (NOT READY). It follows the
+    reference's generator through draws, seeds and a state put back; a replay (same_draws) leaves the
+    script's generators where they were."""
+    state = torch.random.get_rng_state()
+    with same_draws(state) as ref_draws:
+        ref = _generator_program("cpu")
+    with torch.random.fork_rng(devices=[]):
+        torch.random.set_rng_state(state)
+        with SharedDraws(shared=True) as tgt_draws:  # a target side's mode: for the whole script
+            tgt = _generator_program("neuron")
+    assert len(ref) == len(tgt) == 15
+    for r, t in zip(ref, tgt):
+        assert torch.equal(r, t)
+    assert torch.equal(ref[0], ref[7]) and not torch.equal(ref[0], ref[2])  # seeded again; moved on
+    assert torch.equal(ref[4], ref[6])  # the state put back
+    assert first_parting(ref_draws.log, tgt_draws.log) is None and len(tgt_draws.log.on_device) == 15
+
+    generator = torch.Generator(device="neuron").manual_seed(3)
+    before = generator.get_state()
+    with same_draws(state):
+        torch.randn(8, generator=generator, device="neuron")
+    assert torch.equal(generator.get_state(), before)
+
+
+def test_draws_the_reference_repeats_are_counted_once():
+    """A generator seeded again each epoch draws the same numbers again, on the reference and on a correct
+    device alike. Counted at every repeat, one chance deviation counted three times: a correct device failed
+    at 6 standard errors (here 4 draws of 16 numbers, 3.8 standard errors apart by chance, were 6.6 over
+    three epochs). Counted once, they pass; a device drawing too narrow a range is still found."""
+    from diff.draws import STREAM_SIGMAS, Draw, DrawLog, compare_streams
+
+    def log(draws: list[torch.Tensor], states: list[str]) -> DrawLog:
+        def moments(d):
+            d = d.double()
+            return float(d.numel()), float(d.mean()), float(d.var(unbiased=False)), float(((d - d.mean()) ** 4).mean())
+        return DrawLog(draws=[Draw(op="aten::rand", shape=tuple(d.shape), on_device=not s, state=s, moments=moments(d))
+                              for d, s in zip(draws, states)])
+
+    torch.manual_seed(384)
+    epoch_ref, epoch_tgt = [torch.rand(16) for _ in range(4)], [torch.rand(16) for _ in range(4)]  # one distribution
+    states = [f"after draw {i}" for i in range(4)]
+    assert compare_streams(log(epoch_ref * 3, [f"{s}, epoch {e}" for e in range(3) for s in states]),
+                           log(epoch_tgt * 3, [""] * 12), range(12))[0].sigmas > STREAM_SIGMAS  # as if all new
+    assert compare_streams(log(epoch_ref * 3, states * 3), log(epoch_tgt * 3, [""] * 12), range(12)) == []
+    many_ref = log([torch.rand(16) for _ in range(40)], [f"m{i}" for i in range(40)])
+    narrow = log([torch.rand(16) * 0.6 + 0.2 for _ in range(40)], [""] * 40)
+    (wrong,) = compare_streams(many_ref, narrow, range(40))
+    assert wrong.what == "variance" and wrong.target < wrong.reference

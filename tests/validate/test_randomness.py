@@ -17,6 +17,7 @@ from pathlib import Path
 from tests.validate.conftest import example
 
 EXACT = ("--emulator-profile", "exact")
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
 def test_a_vae_drawing_on_the_device_is_ready_and_takes_the_references_draws(validate):
@@ -53,6 +54,19 @@ def test_nn_transformers_own_dropout_gives_identical_curves_under_exact(validate
     assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
     assert run.report["curves"]["max_abs_gap"] == 0 and run.report["curves"]["steps"] == 8
     assert not run.findings("randomness") and not run.findings(severity="warning")
+
+
+def test_a_script_drawing_from_its_own_device_generator_is_ready(validate):
+    """The script's own generators on the device (torch.Generator(device=...)), seeded again every epoch and
+    rewound with set_state: the target takes the reference's numbers through all of it (before, the stand-in
+    started again from the seed at every draw: "the sides ask for different random numbers", a warning, and NOT
+    READY where the curves then parted), and the draws a correct device repeats with its seed are no evidence
+    of another distribution."""
+    run = validate(os.path.join(SCRIPTS, "device_generator.py"))
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
+    assert run.report["randomness"]["parting"] is None and run.report["randomness"]["draw_differences"] == []
+    assert set(run.report["randomness"]["ops_on_device"]) >= {"aten::rand", "aten::randn"}
+    assert run.findings("random-stream", "info")
 
 
 def test_a_trainer_loop_counts_optimizer_steps_and_keeps_its_checkpoint_apart(validate):
