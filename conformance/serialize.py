@@ -25,6 +25,18 @@ class Unserializable(TypeError):
     pass
 
 
+def value_bytes(t: torch.Tensor) -> bytes:
+    """The bytes of a strided tensor's values in row-major order, for hashing: read from a copy on the CPU,
+    never from the tensor's own storage, because NumPy's view of a storage marks it not resizable (a QAT
+    observer's ``resize_`` of its own buffer then failed in the script, on the CPU reference, after the
+    harness had hashed the model's weights there)."""
+    if not t.numel():
+        return b""
+    flat = torch.empty(t.numel(), dtype=t.dtype)
+    flat.copy_(t.detach().resolve_conj().resolve_neg().reshape(-1))
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
 def _storage_elements(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes() // t.element_size()
 

@@ -33,6 +33,7 @@ import torch
 from conformance.case import Case
 from conformance.host_copies import HostExecution, watch_host_copies
 from conformance.outcome import GOLDEN_ERROR, REFERENCE_RAISED, Outcome, Status
+from conformance.serialize import value_bytes
 from conformance.target import EAGER_UNDER_COMPILE, ran_eagerly
 from diff.judge import Judge, classify_error, one_line
 from diff.precision import model_for, perturbed_runs
@@ -166,10 +167,8 @@ def fingerprint(built) -> str:
     for name, value in named:
         h.update(str(name).encode())
         if isinstance(value, torch.Tensor):
-            t = value.detach().cpu().contiguous()
-            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-            if t.numel():
-                h.update(t.reshape(-1).view(torch.uint8).numpy())
+            h.update(f"{value.dtype}{tuple(value.shape)}".encode())
+            h.update(value_bytes(value))
         else:
             h.update(repr(value).encode())
     return h.hexdigest()

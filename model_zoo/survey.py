@@ -40,14 +40,15 @@ from .status import STATUS_PATH
 
 
 def _digest(tensors: list[Any]) -> str:
+    from conformance.serialize import value_bytes  # torch: imported only where tensors are hashed
+
     h = hashlib.sha1()
     for t in tensors:
         if t is None:
             h.update(b"none")
             continue
-        t = t.detach().contiguous()
         h.update(str((tuple(t.shape), str(t.dtype))).encode())
-        h.update(t.reshape(-1).view(__import__("torch").uint8).numpy().tobytes())
+        h.update(value_bytes(t))
     return h.hexdigest()
 
 

@@ -15,7 +15,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from conformance.case import Case
-from conformance.serialize import saves_exactly
+from conformance.serialize import saves_exactly, value_bytes
 
 from .sources import op_key, to_dtype
 
@@ -160,10 +160,8 @@ def inputs_fingerprint(samples) -> str:
                     h.update(f"{t.layout}".encode())
                     t = t.to_dense()
                 h.update(f"{t.dtype}{tuple(t.shape)}{t.stride()}".encode())
-                if t.layout == torch.strided and t.numel():
-                    flat = torch.empty(t.numel(), dtype=t.dtype)
-                    flat.copy_(t.resolve_conj().resolve_neg().reshape(-1))
-                    h.update(flat.view(torch.uint8).numpy().tobytes())
+                if t.layout == torch.strided:
+                    h.update(value_bytes(t))
             else:
                 h.update(repr(leaf).encode())
     return h.hexdigest()

@@ -37,6 +37,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from conformance.outcome import Status
+from conformance.serialize import value_bytes
 
 from .causes import cause_text
 from .strategies.layouts import relayout
@@ -192,8 +193,7 @@ def _hash_leaves(sample) -> str:
         if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided:
             t = leaf.detach()
             h.update(f"{t.dtype}{tuple(t.shape)}{t.stride()}{t.storage_offset() > 0}".encode())
-            flat = t.resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format).reshape(-1)
-            h.update(flat.view(torch.uint8).numpy().tobytes())
+            h.update(value_bytes(t))
         else:
             h.update(repr(leaf).encode())
     return h.hexdigest()

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 import torch
 
+from conformance.serialize import value_bytes
 from diff.localize import SourceLine, TraceEvent, exception_frames, find_source
 from model_zoo.built import left_behind_by_to
 
@@ -155,12 +156,11 @@ def fingerprint(tensors: Iterable[Any], sketches: list[list] | None = None) -> s
         if isinstance(t, torch.Tensor):
             if hasattr(t, "to_local"):  # a DTensor: this rank's shard (gathering it would be a collective)
                 t = t.to_local()
-            cpu = t.detach().to("cpu").contiguous()
-            h.update(str(cpu.dtype).encode() + str(tuple(cpu.shape)).encode())
-            if cpu.numel():
-                h.update(cpu.reshape(-1).view(torch.uint8).numpy().tobytes())
-                if sketches is not None and cpu.is_floating_point():
-                    sketches.append(sketch(cpu))
+            h.update(str(t.dtype).encode() + str(tuple(t.shape)).encode())
+            if t.numel():
+                h.update(value_bytes(t))
+                if sketches is not None and t.is_floating_point():
+                    sketches.append(sketch(t.detach().to("cpu")))
     return h.hexdigest()[:16]
 
 

@@ -431,3 +431,17 @@ def test_a_target_without_nested_or_sparse_tensors_is_told_what_to_change(messag
     obs = {"target": {"error": {"message": message, "phase": "step 7"}}, "reference": {"ran": True}}
     (runs,) = [f for f in run_checks(obs, CTX) if f.check == "runs"]
     assert runs.severity == "error" and words in runs.hint, runs.hint
+
+
+def test_hashing_the_models_weights_leaves_them_as_the_script_had_them():
+    """On the CPU reference the model's tensors are the hashed ones themselves: NumPy's view of a storage marks
+    it not resizable, and a QAT observer's ``resize_`` of its own buffer then failed in the script ("Trying to
+    resize storage that is not resizable": exit 2, the script blamed). The hash is taken from a copy."""
+    import torch
+
+    from validate.probes import fingerprint
+
+    scale, weight = torch.ones(1), torch.randn(4, 3).t()  # a buffer an observer resizes; a view
+    before = fingerprint([scale, weight])
+    scale.resize_(8)
+    assert fingerprint([torch.ones(1), weight.contiguous()]) == before

@@ -276,3 +276,11 @@ def test_a_torchscript_model_runs_on_the_target_and_its_uncompared_layers_are_a_
     assert run.returncode == 0 and not run.findings("runs", "error"), run.stdout
     assert run.report["verdict"] == "ready with warnings"
     assert run.findings("numerics", "warning")[0]["title"].startswith("layers not compared")
+
+
+def test_a_quantization_aware_model_whose_observers_resize_their_buffers_is_ready(validate):
+    """The reference side hashed the model's weights (the same-start check) through NumPy, which marks a CPU
+    storage not resizable: the observers' ``resize_`` then failed in the script on the CPU reference, exit 2
+    with "the script fails on the reference" for a script that runs under ``python``. A fault in its first
+    layer is named."""
+    _ready_and_a_fault_named(validate, "qat_observers.py", "perturb@aten::addmm,rel=0.02", "aten::addmm")
