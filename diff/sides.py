@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Mapping
 
 import torch
+from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_map
 
 DtypeMap = Mapping[torch.dtype, torch.dtype]
@@ -148,7 +149,15 @@ def to_device(value: Any, device=None, dtype: torch.dtype | DtypeMap | None = No
             out.requires_grad_(flag)
         return out
 
-    return tree_map(move, value)
+    def move_packed(packed: PackedSequence) -> PackedSequence:
+        # A PackedSequence's batch_sizes stay on the CPU on every device (PyTorch refuses them elsewhere: an
+        # RNN called with packed sequences was "layers not compared: batch_sizes should always be on CPU").
+        return packed._replace(data=move(packed.data), batch_sizes=packed.batch_sizes.clone(),
+                               sorted_indices=tree_map(move, packed.sorted_indices),
+                               unsorted_indices=tree_map(move, packed.unsorted_indices))
+
+    return tree_map(lambda v: move_packed(v) if isinstance(v, PackedSequence) else move(v), value,
+                    is_leaf=lambda v: isinstance(v, PackedSequence))
 
 
 @contextmanager

@@ -131,3 +131,23 @@ def test_an_object_holding_tensors_is_copied_with_them_and_a_module_is_not():
     assert keys.dtype == torch.float64 and keys.tolist() == [1.0, 1.0]
     cache.layers[0]["keys"].add_(1)
     assert keys.tolist() == [1.0, 1.0]
+
+
+def test_a_packed_sequence_moves_its_data_and_keeps_its_batch_sizes_on_the_cpu(neuron):
+    """PyTorch keeps a PackedSequence's batch_sizes on the CPU on every device and refuses them elsewhere:
+    moved with the rest, an RNN called with packed sequences could not be compared at all ("layers not
+    compared: batch_sizes should always be on CPU")."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    torch.manual_seed(0)
+    packed = pack_padded_sequence(torch.randn(3, 4, 2), torch.tensor([2, 4, 1]), batch_first=True,
+                                  enforce_sorted=False)
+    moved = to_device(packed, neuron, torch.float64)
+    assert moved.data.device.type == "neuron" and moved.data.dtype == torch.float64
+    assert moved.sorted_indices.device.type == moved.unsorted_indices.device.type == "neuron"
+    assert moved.batch_sizes.device.type == "cpu" and moved.batch_sizes is not packed.batch_sizes
+    assert moved.batch_sizes.tolist() == packed.batch_sizes.tolist()
+    gru = nn.GRU(2, 3, batch_first=True)
+    on_device, _ = side_model(gru, neuron, torch.float64)(moved)
+    on_cpu, _ = side_model(gru, "cpu", torch.float64)(to_device(packed, "cpu", torch.float64))
+    torch.testing.assert_close(on_device.data.cpu(), on_cpu.data)
