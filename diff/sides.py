@@ -27,6 +27,7 @@ from typing import Any, Callable, ContextManager, Mapping
 
 import torch
 from torch.nn.utils.rnn import PackedSequence
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
 DtypeMap = Mapping[torch.dtype, torch.dtype]
@@ -158,6 +159,36 @@ def to_device(value: Any, device=None, dtype: torch.dtype | DtypeMap | None = No
 
     return tree_map(lambda v: move_packed(v) if isinstance(v, PackedSequence) else move(v), value,
                     is_leaf=lambda v: isinstance(v, PackedSequence))
+
+
+class _DeviceRedirect(TorchFunctionMode):
+    """Device arguments of one device type, in any torch call, name another device instead."""
+
+    def __init__(self, from_type: str, to: torch.device) -> None:
+        super().__init__()
+        self.from_type, self.to = from_type, to
+
+    def _swap(self, value):
+        if _redirects(value, self.from_type):
+            return self.to if isinstance(value, torch.device) else str(self.to)
+        return value
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*(self._swap(a) for a in args), **{k: self._swap(v) for k, v in (kwargs or {}).items()})
+
+
+def device_named_as(device, named: str | None) -> ContextManager:
+    """While a side runs on ``device``, device arguments of type ``named`` (the target's) name ``device``.
+
+    A model's own code may name the device the script picked (the seq2seq tutorial's decoder makes its
+    start tokens with ``device=device``; a module's ``.to(device)`` of a table kept on the CPU): replayed on
+    the CPU, those tensors went to the target's device, the reference raised, and the layers were not
+    compared, so a 1% matmul fault passed on the curves alone. A no-op where the side is on that type.
+    """
+    device = torch.device(device)
+    if named is None or device.type == named:
+        return nullcontext()
+    return _DeviceRedirect(named, device)
 
 
 @contextmanager
@@ -425,5 +456,5 @@ def backward_from(output, grad_output, device, dtype=None) -> bool:
     return True
 
 
-__all__ = ["ModelRun", "backward_from", "call_model", "default_dtype", "float_leaves", "model_copy", "plain_outputs",
+__all__ = ["ModelRun", "backward_from", "call_model", "default_dtype", "device_named_as", "float_leaves", "model_copy", "plain_outputs",
            "run_model", "same_layout_copy", "side_model", "to_device"]

@@ -15,7 +15,7 @@ from conformance.host_copies import watch_host_copies
 from ..draws import DrawLog, first_parting, same_draws
 from ..judge import Judge, one_line
 from ..precision import PrecisionModel, Runs, perturbed_runs
-from ..sides import call_model, run_model
+from ..sides import call_model, device_named_as, run_model
 from ..tolerances import TolerancePolicy
 from .drill import locate_op
 from .recorder import DEFAULT_RECORD_BYTES, Call, Recorder
@@ -41,11 +41,13 @@ class SideRun:
 
 
 def run_side(model: torch.nn.Module, args, kwargs, *, device, double: bool, loss_fn, grad_output, trace: bool,
-             source_files, max_bytes: int, call: Callable | None, rng_state: torch.Tensor) -> SideRun:
+             source_files, max_bytes: int, call: Callable | None, rng_state: torch.Tensor,
+             target_type: str | None = None) -> SideRun:
     """One side of the localisation: the model's forward with every module's output recorded (and every ATen
     op traced, on the target), then its backward from the loss or the given output gradient. Every side
     starts from the CPU generator's ``rng_state`` and takes its random draws from it (diff.draws), so that a
-    model that draws (dropout, ``randn_like``) computes the same thing on every side."""
+    model that draws (dropout, ``randn_like``) computes the same thing on every side. Device arguments of
+    ``target_type`` in the model's own code name this side's device (diff.sides.device_named_as)."""
     tracer = OpTracer(source_files=source_files) if trace else None
     recorders: list[Recorder] = []
 
@@ -61,7 +63,8 @@ def run_side(model: torch.nn.Module, args, kwargs, *, device, double: bool, loss
         finally:
             recorder.remove()  # module hooks only: the gradient hooks on outputs stay for the backward pass
 
-    with same_draws(rng_state, double=double, source_files=source_files) as drawn:
+    with same_draws(rng_state, double=double, source_files=source_files) as drawn, \
+            device_named_as(device, target_type):
         run = run_model(
             model, device=device, dtype=torch.float64 if double else None, inputs=(tuple(args), dict(kwargs)),
             forward=lambda m, batch: (call or _call)(m, *batch),
@@ -123,9 +126,9 @@ def localize(
     tol = tolerance or TolerancePolicy().for_dtype(type(model).__name__, scope="model")
     files = tuple(os.path.abspath(f) for f in source_files)
     # Every side starts from the same generator state and draws the reference's numbers (diff.draws).
-    common = dict(loss_fn=loss_fn, grad_output=grad_output, source_files=files, max_bytes=max_record_bytes, call=call,
-                  rng_state=torch.random.get_rng_state())
     target_device = torch.device(target_device)
+    common = dict(loss_fn=loss_fn, grad_output=grad_output, source_files=files, max_bytes=max_record_bytes, call=call,
+                  rng_state=torch.random.get_rng_state(), target_type=target_device.type)
     return _localize(model, args, kwargs, target_device=target_device, reference_device=reference_device,
                      tol=tol, common=common, files=files, golden=golden, drill=drill, call=call,
                      precision=precision)

@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_map
 
 from ..draws import same_draws
 from ..judge import one_line
-from ..sides import default_dtype, side_model, to_device
+from ..sides import default_dtype, device_named_as, side_model, to_device
 from .recorder import Captured, Recorder
 from .results import ROOT, OpDivergence, OpError
 from .tracer import OpTracer, tensors
@@ -64,8 +64,9 @@ def drill(model, args, kwargs, *, name: str, call: int, phase: str, ref, target_
     recorder = Recorder(m, capture=(name, call))
     try:
         args_, kwargs_ = to_device((args, kwargs), reference_device, requires_grad=False)
-        with same_draws(rng_state, source_files=files):  # the whole run's reference draws, up to that call
-            (call_fn or _call_model)(m, args_, kwargs_)
+        with same_draws(rng_state, source_files=files), \
+                device_named_as(reference_device, torch.device(target_device).type):
+            (call_fn or _call_model)(m, args_, kwargs_)  # the whole run's reference draws, up to that call
     except Captured:
         pass
     except Exception as exc:  # noqa: BLE001
@@ -92,7 +93,8 @@ def drill(model, args, kwargs, *, name: str, call: int, phase: str, ref, target_
         tracer = OpTracer(keep_outputs=True, source_files=files)
         recorder = Recorder(sub, tracer=tracer, max_bytes=0, prefix=path)
         tracer.module_of = recorder.current
-        with same_draws(rng_state, double=double, source_files=files), default_dtype(dtype):
+        with same_draws(rng_state, double=double, source_files=files), default_dtype(dtype), \
+                device_named_as(device, torch.device(target_device).type):
             if phase == "forward":
                 with tracer:
                     sub(*a, **k)

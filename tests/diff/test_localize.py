@@ -195,3 +195,34 @@ def test_to_dict_is_json_ready(neuron, model):
     data = json.loads(json.dumps(_run(model).to_dict()))
     assert data["culprit"] == "blocks.2" and data["ops"]["first"]["op"] == "aten::atan"
     assert data["layers"][0]["phase"] == "forward"
+
+
+DEVICE = "neuron"  # what a script's module-level ``device`` names
+
+
+class _StartsOnTheDevice(nn.Module):
+    """The seq2seq tutorial's decoder: its forward makes the start state on the script's ``device`` and moves
+    a table's lookup there, whatever device the copy runs on."""
+
+    def __init__(self):
+        super().__init__()
+        self.table, self.cell, self.out = nn.Embedding(10, 6), nn.GRUCell(6, 6), nn.Linear(6, 3)
+
+    def forward(self, ids):
+        h = torch.zeros(ids.shape[0], 6, device=DEVICE)
+        for t in range(ids.shape[1]):
+            h = self.cell(self.table(ids[:, t]).to(DEVICE), h)
+        return self.out(h)
+
+
+def test_a_model_whose_forward_names_the_device_is_compared_on_every_side(neuron):
+    """Replayed on the CPU, such a model made tensors on the target's device: the reference raised, the
+    layers were not compared, and a 1% matmul fault passed on the loss curves alone. Device arguments of the
+    target's type name each side's device; the fault is named at its layer."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 10, (4, 5))
+    clean = localize(_StartsOnTheDevice(), (ids,), target_device="neuron", loss_fn=lambda out: out.pow(2).mean())
+    assert clean and clean.outputs and clean.gradients and clean.golden, clean.summary()
+    emulator.set_faults("perturb@aten::addmm,rel=0.01")
+    faulty = localize(_StartsOnTheDevice(), (ids,), target_device="neuron", loss_fn=lambda out: out.pow(2).mean())
+    assert not faulty and faulty.ops.first.op == "aten::addmm", faulty.summary()
