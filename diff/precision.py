@@ -236,6 +236,7 @@ class PerturbMode:
     seed: int
     met: dict = field(default_factory=dict)  # reasons of the entries that perturbed something, in order
     _mode: Any = field(default=None, repr=False)
+    _unfused: Any = field(default=None, repr=False)
 
     def __enter__(self):
         import torch
@@ -282,12 +283,42 @@ class PerturbMode:
                         t.copy_(perturb(entry, bounds)(t))
                 return out
 
+        self._unfused = _op_by_op_on_the_cpu()
+        self._unfused.__enter__()
         self._mode = _Mode()
         self._mode.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         self._mode.__exit__(*exc)
+        self._unfused.__exit__(*exc)
+
+
+def _op_by_op_on_the_cpu():
+    """A function mode under which an LSTM on the CPU runs op by op, as a device runs it.
+
+    The CPU runs a whole LSTM layer as one oneDNN kernel (``aten::mkldnn_rnn_layer``), whose sigmoids and
+    tanhs no dispatch mode sees, where a device runs a cell at a time and its tables act inside (the emulated
+    device's fused cell calls its own sigmoid and tanh). Perturbed runs that cannot reach inside have no
+    spread there: a correct device's LSTM classifier was "beyond device precision" at the layer after it.
+    PyTorch's op-by-op path (oneDNN off for that call) is what the perturbed runs take."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class OpByOp(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is not torch.lstm or not torch._C._get_mkldnn_enabled():
+                return func(*args, **kwargs)
+            # Not torch.backends.mkldnn.enabled: after torch.backends.disable_global_flags() (OpInfo's test
+            # utilities call it) setting it raises, and every perturbed run failed in a worker that had them.
+            torch._C._set_mkldnn_enabled(False)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                torch._C._set_mkldnn_enabled(True)
+
+    return OpByOp()
 
 
 # Ops whose results two correct devices round differently in half precision: a matmul or convolution

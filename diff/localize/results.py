@@ -86,6 +86,9 @@ class OpDivergence:
     phase: str
     ops: list[OpError] = field(default_factory=list)
     note: str = ""
+    # The module's ops differ from the reference's inputs, but no single op can be named (they follow kernels
+    # the reference does not run): its parent is not drilled.
+    unnamed: bool = False
 
     @property
     def first(self) -> OpError | None:

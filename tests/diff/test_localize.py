@@ -226,3 +226,37 @@ def test_a_model_whose_forward_names_the_device_is_compared_on_every_side(neuron
     emulator.set_faults("perturb@aten::addmm,rel=0.01")
     faulty = localize(_StartsOnTheDevice(), (ids,), target_device="neuron", loss_fn=lambda out: out.pow(2).mean())
     assert not faulty and faulty.ops.first.op == "aten::addmm", faulty.summary()
+
+
+class _LstmClassifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.fc = nn.LSTM(5, 12, batch_first=True), nn.Linear(12, 2)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.fc(out[:, -1])
+
+
+def test_an_lstm_is_judged_against_the_device_precision_inside_it(neuron, profile):
+    """The CPU runs an LSTM layer as one oneDNN kernel, whose sigmoids and tanhs the perturbed runs could not
+    reach, while the device runs fused cells whose activations use its tables: a correct device's LSTM
+    classifier was "beyond device precision" at the Linear after it (NOT READY). The perturbed runs take
+    PyTorch's op-by-op path. A 1% sigmoid fault in the device's cells is found at the LSTM, and no op is
+    named where the two sides run other kernels (the drill named ``aten::detach`` before, then ``transpose``)."""
+    from diff.precision import model_from_profile
+
+    profile("neuron-2.27")
+
+    def run():
+        torch.manual_seed(0)  # a model and batch whose fc output the device's tables move by 3.5e-5 (relative)
+        model = _LstmClassifier()
+        return localize(model, (torch.randn(8, 7, 5),), target_device="neuron", loss_fn=lambda out: out.pow(2).mean(),
+                        precision=model_from_profile(emulator.profile()))
+
+    clean = run()
+    assert clean, clean.summary()
+    emulator.set_faults("perturb@aten::sigmoid,rel=0.01")
+    faulty = run()
+    assert not faulty and faulty.first_forward.module == "rnn", faulty.summary()
+    assert faulty.ops.first is None and "aten::_thnn_fused_lstm_cell" in faulty.ops.note, faulty.ops.to_dict()

@@ -16,8 +16,8 @@ import torch
 from conformance.outcome import Status
 from diff.compare import compare
 from diff.judge import Judge
-from diff.precision import (EXACT, OpPrecision, PrecisionModel, PrecisionModelError, load_model, model_from_profile,
-                            RUNS, perturbed_runs)
+from diff.precision import (EXACT, OpPrecision, PerturbMode, PrecisionModel, PrecisionModelError, load_model,
+                            model_from_profile, RUNS, perturbed_runs)
 from diff.tolerances import Tolerance
 from emulator.profiles import resolve_profile
 from tests.conftest import run_cli
@@ -291,3 +291,30 @@ def test_noise_that_moves_a_few_elements_far_lets_the_target_move_as_many_as_far
     assert not noise_floor({"g": expected * 1.01}, {"g": expected}, runs, model).within
     assert not noise_floor({"g": flipped(0.05, count=40)}, {"g": expected}, runs, model).within
     assert not noise_floor({"g": flipped(0.5)}, {"g": expected}, runs, model).within
+
+
+def test_perturbed_runs_reach_inside_an_lstm_on_the_cpu():
+    """The CPU runs an LSTM layer as one oneDNN kernel (aten::mkldnn_rnn_layer): the model's activation error
+    never reached its sigmoids, and a correct device's LSTM (fused cells with table activations) was beyond
+    the noise floor. The perturbed runs take PyTorch's op-by-op path, also once OpInfo's test utilities have
+    called ``torch.backends.disable_global_flags()`` (then setting ``torch.backends.mkldnn.enabled`` raises:
+    every perturbed run failed), and leave oneDNN on afterwards."""
+    import torch.testing._internal.common_utils  # noqa: F401 - disables the global backend flags
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: set[str] = set()
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(func._schema.name)
+            return func(*args, **(kwargs or {}))
+
+    lstm, x = torch.nn.LSTM(5, 12, batch_first=True), torch.randn(8, 7, 5)
+    model = PrecisionModel(name="tables", ops=(OpPrecision(pattern="aten::sigmoid", rel=1e-3, noise="smooth"),))
+    with Ops(), PerturbMode(model=model, seed=0) as mode:
+        perturbed, _ = lstm(x)
+    assert "aten::mkldnn_rnn_layer" not in seen and "aten::sigmoid_" in seen and mode.met
+    with Ops():
+        plain, _ = lstm(x)
+    assert torch._C._get_mkldnn_enabled() and "aten::mkldnn_rnn_layer" in seen
+    assert 0 < float((perturbed - plain).abs().max()) < 1e-2
