@@ -548,12 +548,6 @@ class SharedDraws(TorchDispatchMode):
         if device_generator:
             self._shadows.drew(generator, used)
         back = wide[0] if wide else None
-        if func._schema.is_mutable:  # in place (normal_) or out=: the draw goes into the tensors the op writes
-            for original, drawn in zip(tree_leaves((args, kwargs)), tree_leaves((cpu_args, cpu_kwargs))):
-                if isinstance(original, torch.Tensor) and isinstance(drawn, torch.Tensor) and drawn is not original \
-                        and original.shape == drawn.shape and _written(func, original, args, kwargs):
-                    original.copy_(drawn)
-            return tree_map(lambda v: _original_of(v, cpu_args, cpu_kwargs, args, kwargs), out), used
 
         def home(t):
             if not isinstance(t, torch.Tensor):
@@ -561,6 +555,14 @@ class SharedDraws(TorchDispatchMode):
             dtype = back if back is not None and t.dtype == self.draw_dtype.get(back) else t.dtype
             return t.to(device, dtype)
 
+        if func._schema.is_mutable:  # in place (normal_) or out=: the draw goes into the tensors the op writes
+            for original, drawn in zip(tree_leaves((args, kwargs)), tree_leaves((cpu_args, cpu_kwargs))):
+                if isinstance(original, torch.Tensor) and isinstance(drawn, torch.Tensor) and drawn is not original \
+                        and original.shape == drawn.shape and _written(func, original, args, kwargs):
+                    original.copy_(drawn)
+            # A written tensor comes back as the caller's; a new result (rrelu_with_noise writes its noise and
+            # returns its output) goes home like any draw's: left on the CPU, the target's backward failed.
+            return tree_map(lambda v: _original_of(v, cpu_args, cpu_kwargs, args, kwargs, home), out), used
         return tree_map(home, out), used
 
 
@@ -590,14 +592,14 @@ def _written(func, tensor: torch.Tensor, args, kwargs) -> bool:
     return False
 
 
-def _original_of(value, cpu_args, cpu_kwargs, args, kwargs):
-    """The caller's tensor behind a CPU stand-in returned by an in-place op."""
+def _original_of(value, cpu_args, cpu_kwargs, args, kwargs, home):
+    """The caller's tensor behind a CPU stand-in returned by an in-place op; ``home(value)`` for a new one."""
     if not isinstance(value, torch.Tensor):
         return value
     for original, drawn in zip(tree_leaves((args, kwargs)), tree_leaves((cpu_args, cpu_kwargs))):
         if drawn is value:
             return original
-    return value
+    return home(value)
 
 
 __all__ = ["Draw", "DrawLog", "Parting", "SharedDraws", "StreamDifference", "compare_streams", "draws", "first_parting",

@@ -260,3 +260,14 @@ def test_an_lstm_is_judged_against_the_device_precision_inside_it(neuron, profil
     faulty = run()
     assert not faulty and faulty.first_forward.module == "rnn", faulty.summary()
     assert faulty.ops.first is None and "aten::_thnn_fused_lstm_cell" in faulty.ops.note, faulty.ops.to_dict()
+
+
+def test_a_random_op_that_writes_its_noise_and_returns_a_new_result_is_shared(neuron):
+    """rrelu in training writes its noise in place and returns a new output: taken on the CPU for the target,
+    that output stayed on the CPU ("AddmmBackward0 returned an invalid gradient ... expected device cpu but
+    got neuron:0": the target raised, NOT READY) and in float32 on the golden side ("no float64 golden")."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.RReLU(), nn.Linear(32, 4))
+    result = localize(model, (torch.randn(32, 16) * 2,), target_device="neuron", loss_fn=lambda out: out.pow(2).mean())
+    assert result and result.target_failure is None and result.golden, result.summary()
+    assert result.draws == 1 and result.gradients
