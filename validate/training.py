@@ -136,7 +136,26 @@ def _install(state: _State, torch, here) -> dict:
     before_step, after_step = _step_recorder(state)
     originals["step_hooks"] = (register_optimizer_step_pre_hook(before_step),
                                register_optimizer_step_post_hook(after_step))
+    originals["_exit"] = os._exit
+    os._exit = _ending_exit(originals["_exit"])
     return originals
+
+
+def _ending_exit(real_exit):
+    """``os._exit`` that, called by the script itself (this process, its main thread), ends the script as
+    ``sys.exit`` would: scripts call it after training to skip a slow teardown, and the side's process died
+    before it reported, "the script's process died" (exit 2) for a script that had trained. Processes forked
+    from this one (DataLoader workers, which end with ``os._exit``) and other threads exit for real."""
+    import threading
+
+    pid = os.getpid()
+
+    def _exit(code):
+        if os.getpid() == pid and threading.current_thread() is threading.main_thread():
+            raise SystemExit(code)
+        real_exit(code)
+
+    return _exit
 
 
 def _uninstall(torch, originals: dict) -> None:
@@ -146,6 +165,7 @@ def _uninstall(torch, originals: dict) -> None:
     torch.autograd.backward = originals["backward"]
     torch.nn.Module.__call__ = originals["call"]
     torch.compile = originals["compile"]
+    os._exit = originals["_exit"]
     for hook in originals["step_hooks"]:
         hook.remove()
 

@@ -284,3 +284,14 @@ def test_a_quantization_aware_model_whose_observers_resize_their_buffers_is_read
     with "the script fails on the reference" for a script that runs under ``python``. A fault in its first
     layer is named."""
     _ready_and_a_fault_named(validate, "qat_observers.py", "perturb@aten::addmm,rel=0.02", "aten::addmm")
+
+
+def test_a_script_that_ends_with_os_exit_is_checked(validate):
+    """``os._exit(0)`` after training killed the side's process before it reported: "the script's process died
+    on the reference" (exit 2) for a script that had trained. It ends the script as ``sys.exit`` would; a
+    status other than 0 is still the script's failure."""
+    run = validate(script("exits_hard.py"), "--emulator-profile", "exact")
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout + run.stderr
+    assert run.report["curves"]["steps"] == 6
+    failed = validate(script("exits_hard.py"), "--emulator-profile", "exact", env={"EXIT_STATUS": "3"})
+    assert failed.returncode == 2 and "exited with status 3" in failed.stderr, failed.stderr
