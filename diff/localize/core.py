@@ -58,13 +58,14 @@ def run_side(model: torch.nn.Module, args, kwargs, *, device, double: bool, loss
         if tracer is not None:
             tracer.module_of = recorder.current
         try:
-            with tracer if tracer is not None else nullcontext():
+            # The model's own code only, not the copy made before it (a generator the model holds is copied
+            # as it is: made for the CPU instead, its saved state would not fit it).
+            with tracer if tracer is not None else nullcontext(), device_named_as(device, target_type):
                 yield
         finally:
             recorder.remove()  # module hooks only: the gradient hooks on outputs stay for the backward pass
 
-    with same_draws(rng_state, double=double, source_files=source_files) as drawn, \
-            device_named_as(device, target_type):
+    with same_draws(rng_state, double=double, source_files=source_files) as drawn:
         run = run_model(
             model, device=device, dtype=torch.float64 if double else None, inputs=(tuple(args), dict(kwargs)),
             forward=lambda m, batch: (call or _call)(m, *batch),

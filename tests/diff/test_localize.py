@@ -202,11 +202,13 @@ DEVICE = "neuron"  # what a script's module-level ``device`` names
 
 class _StartsOnTheDevice(nn.Module):
     """The seq2seq tutorial's decoder: its forward makes the start state on the script's ``device`` and moves
-    a table's lookup there, whatever device the copy runs on."""
+    a table's lookup there, whatever device the copy runs on. It holds a generator made on the device (the
+    copy for the CPU made it a CPU generator, whose state the device's did not fit: "layers not compared")."""
 
     def __init__(self):
         super().__init__()
         self.table, self.cell, self.out = nn.Embedding(10, 6), nn.GRUCell(6, 6), nn.Linear(6, 3)
+        self.noise = torch.Generator(device=DEVICE).manual_seed(3)  # held, copied as it is on every side
 
     def forward(self, ids):
         h = torch.zeros(ids.shape[0], 6, device=DEVICE)
