@@ -456,5 +456,5 @@ def backward_from(output, grad_output, device, dtype=None) -> bool:
     return True
 
 
-__all__ = ["ModelRun", "backward_from", "call_model", "default_dtype", "device_named_as", "float_leaves", "model_copy", "plain_outputs",
-           "run_model", "same_layout_copy", "side_model", "to_device"]
+__all__ = ["ModelRun", "backward_from", "call_model", "default_dtype", "device_named_as", "float_leaves", "model_copy",
+           "plain_outputs", "run_model", "same_layout_copy", "side_model", "to_device"]
