@@ -400,19 +400,20 @@ class _GeneratorShadows:
         except (RuntimeError, NotImplementedError, TypeError):
             return str(generator.device), "seed", generator.initial_seed()
 
-    def stand_in(self, generator: torch.Generator) -> torch.Generator:
-        """A CPU generator where the reference's generator is at this point of the device generator's stream."""
+    def stand_in(self, generator: torch.Generator) -> tuple[torch.Generator, tuple]:
+        """A CPU generator where the reference's generator is at this point of the device generator's stream,
+        and the device generator's key there (for :meth:`drew`)."""
+        key = self._key(generator)
         shadow = torch.Generator()
-        state = self._states.get(self._key(generator))
+        state = self._states.get(key)
         if state is None:
             shadow.manual_seed(generator.initial_seed())  # seeded (or set to a state never seen): its seed's start
         else:
             shadow.set_state(state)
-        return shadow
+        return shadow, key
 
-    def drew(self, generator: torch.Generator, shadow: torch.Generator) -> None:
+    def drew(self, generator: torch.Generator, shadow: torch.Generator, key: tuple) -> None:
         """The stand-in drew: the device generator moves on, and the stand-in's state is kept under its next state."""
-        key = self._key(generator)
         if len(key) == 2:
             try:
                 before = generator.get_state() if self.keep_moves else None
@@ -540,13 +541,13 @@ class SharedDraws(TorchDispatchMode):
         used = torch.default_generator
         device_generator = generator is not None and generator.device.type != "cpu"
         if device_generator:
-            used = self._shadows.stand_in(generator)
+            used, key = self._shadows.stand_in(generator)
             cpu_args, cpu_kwargs = _with_generator(func, cpu_args, cpu_kwargs, used)
         elif generator is not None:
             used = generator
         out = func(*cpu_args, **cpu_kwargs)
         if device_generator:
-            self._shadows.drew(generator, used)
+            self._shadows.drew(generator, used, key)
         back = wide[0] if wide else None
 
         def home(t):

@@ -156,11 +156,12 @@ def fingerprint(tensors: Iterable[Any], sketches: list[list] | None = None) -> s
         if isinstance(t, torch.Tensor):
             if hasattr(t, "to_local"):  # a DTensor: this rank's shard (gathering it would be a collective)
                 t = t.to_local()
-            h.update(str(t.dtype).encode() + str(tuple(t.shape)).encode())
-            if t.numel():
-                h.update(value_bytes(t))
-                if sketches is not None and t.is_floating_point():
-                    sketches.append(sketch(t.detach().to("cpu")))
+            cpu = t.detach().to("cpu")  # one copy off the device (on the CPU side, the tensor itself)
+            h.update(str(cpu.dtype).encode() + str(tuple(cpu.shape)).encode())
+            if cpu.numel():
+                h.update(value_bytes(cpu))
+                if sketches is not None and cpu.is_floating_point():
+                    sketches.append(sketch(cpu))
     return h.hexdigest()[:16]
 
 
