@@ -260,7 +260,8 @@ class PerturbMode:
                 if entry is None and (inner := python_decomposition(func)) is not None:
                     with self:  # its own ops, as the device computes them, take the model's error
                         return inner(*args, **kwargs)
-                rounding = None if mutable else low_precision_rounding(func._schema.name, tensors)
+                rounding = None if mutable else low_precision_rounding(func._schema.name, tensors,
+                                                                       unfused.autocast)
                 if rounding is not None and (entry is None or (entry.where == "outputs" and entry.rel < rounding.rel)):
                     entry = rounding
                 if (entry is None or func._schema.name in ("aten::copy_", "aten::_to_copy")
@@ -283,7 +284,7 @@ class PerturbMode:
                         t.copy_(perturb(entry, bounds)(t))
                 return out
 
-        self._unfused = _op_by_op_on_the_cpu()
+        self._unfused = unfused = _op_by_op_on_the_cpu()
         self._unfused.__enter__()
         self._mode = _Mode()
         self._mode.__enter__()
@@ -301,22 +302,32 @@ def _op_by_op_on_the_cpu():
     tanhs no dispatch mode sees, where a device runs a cell at a time and its tables act inside (the emulated
     device's fused cell calls its own sigmoid and tanh). Perturbed runs that cannot reach inside have no
     spread there: a correct device's LSTM classifier was "beyond device precision" at the layer after it.
-    PyTorch's op-by-op path (oneDNN off for that call) is what the perturbed runs take."""
+    PyTorch's op-by-op path (oneDNN off for that call) is what the perturbed runs take.
+
+    It also keeps whether the CPU's autocast is on for each torch call, which the dispatch mode below it cannot
+    see (autocast's keys are excluded there): ``autocast``."""
     import torch
     from torch.overrides import TorchFunctionMode
 
     class OpByOp(TorchFunctionMode):
+        autocast = None  # the CPU autocast's dtype while a torch call made under it runs (low_precision_rounding)
+
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if func is not torch.lstm or not torch._C._get_mkldnn_enabled():
-                return func(*args, **kwargs)
-            # Not torch.backends.mkldnn.enabled: after torch.backends.disable_global_flags() (OpInfo's test
-            # utilities call it) setting it raises, and every perturbed run failed in a worker that had them.
-            torch._C._set_mkldnn_enabled(False)
+            outer = self.autocast
+            self.autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
             try:
-                return func(*args, **kwargs)
+                if func is not torch.lstm or not torch._C._get_mkldnn_enabled():
+                    return func(*args, **kwargs)
+                # Not torch.backends.mkldnn.enabled: after torch.backends.disable_global_flags() (OpInfo's test
+                # utilities call it) setting it raises, and every perturbed run failed in a worker that had them.
+                torch._C._set_mkldnn_enabled(False)
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    torch._C._set_mkldnn_enabled(True)
             finally:
-                torch._C._set_mkldnn_enabled(True)
+                self.autocast = outer
 
     return OpByOp()
 
@@ -338,18 +349,28 @@ def _half_precision_differs(op_name: str) -> bool:
     return any(fnmatch.fnmatchcase(op_name, p) for p in HALF_PRECISION_DIFFERS)
 
 
-def low_precision_rounding(op_name: str, tensors: list) -> OpPrecision | None:
+def low_precision_rounding(op_name: str, tensors: list, autocast=None) -> OpPrecision | None:
     """The rounding of an op of :data:`HALF_PRECISION_DIFFERS` given bfloat16 or float16 tensors (the script's
     autocast, or its half-precision model): the device's result may lie anywhere within the half type's
     rounding of the reference's. timm's train.py under ``--amp --amp-dtype bfloat16`` on a correct device lost
     0.1% of its loss at the first step (the CPU's autocast computes log_softmax in bfloat16, the device's in
     float32), 0.14% by the fifth, where perturbed runs rounding in float32 alone spread by 0.02%: NOT READY.
-    None for another op, or full-precision tensors."""
+
+    The other way round too: under the CPU's autocast an op of that list given float32 tensors may run in the
+    half type on the device. ``F.cross_entropy`` is on the CPU's float32 list whole, while on an accelerator
+    it decomposes below autocast and its ``log_softmax`` runs in bfloat16: a correct device's loss differed by
+    bfloat16 rounding (0.29%) against a band of 0.14%, NOT READY. ``autocast``: the CPU autocast's dtype where
+    it was on for the torch call that dispatched this op (a dispatch mode sees it off). None for another op, or
+    full-precision tensors outside autocast."""
     import torch
 
+    if not _half_precision_differs(op_name):
+        return None
     dtypes = {t.dtype for t in tensors if t.is_floating_point()}
     half = torch.bfloat16 if torch.bfloat16 in dtypes else torch.float16 if torch.float16 in dtypes else None
-    if half is None or not _half_precision_differs(op_name):
+    if half is None and torch.float32 in dtypes:
+        half = autocast
+    if half not in (torch.bfloat16, torch.float16):
         return None
     unit, name = (BF16_U, "bfloat16") if half == torch.bfloat16 else (FP16_U, "float16")
     return OpPrecision(pattern=op_name, rel=unit, where="outputs", reason=f"{name} rounding (autocast)")

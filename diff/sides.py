@@ -162,7 +162,8 @@ def to_device(value: Any, device=None, dtype: torch.dtype | DtypeMap | None = No
 
 
 class _DeviceRedirect(TorchFunctionMode):
-    """Device arguments of one device type, in any torch call, name another device instead."""
+    """Device arguments of one device type, in any torch call, name another device instead; so does the tensor
+    method of that type's name (``x.cuda()``)."""
 
     def __init__(self, from_type: str, to: torch.device) -> None:
         super().__init__()
@@ -174,7 +175,10 @@ class _DeviceRedirect(TorchFunctionMode):
         return value
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        return func(*(self._swap(a) for a in args), **{k: self._swap(v) for k, v in (kwargs or {}).items()})
+        kwargs = kwargs or {}
+        if args and isinstance(args[0], torch.Tensor) and getattr(func, "__name__", "") == self.from_type:
+            return args[0].to(self.to, non_blocking=bool(kwargs.get("non_blocking", False)))  # x.cuda(0)
+        return func(*(self._swap(a) for a in args), **{k: self._swap(v) for k, v in kwargs.items()})
 
 
 def device_named_as(device, named: str | None) -> ContextManager:

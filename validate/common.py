@@ -66,6 +66,8 @@ class ChildSpec:
     # the device's own stream modelled on the CPU.
     draws: str = "shared"
     own_stream: tuple[int, ...] = ()
+    # The target's device type where the script names it itself ("neuron"): on a CPU side it means the CPU.
+    device_alias: str | None = None
 
     def to_config(self) -> dict:
         data = asdict(self)

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from conformance.case import Case
 from conformance.outcome import Outcome, Status
 from conformance.settings import RunSettings
+from conformance.target import TargetSpec
 from diff.curves import CurveComparison, CurveTolerance
 from diff.judge import classify_error
 from runner.supervisor import Job, Supervisor
@@ -58,6 +60,7 @@ class ValidateOptions:
     rss_limit_mb: int = 0  # 0: no memory cap for the script's processes
     argv: tuple[str, ...] = ()
     nproc: int = 1  # ranks per side (a torchrun-style training script)
+    device_alias: str | None = None  # the target's device type, named by the script itself: the CPU's on CPU sides
 
 
 @dataclass(kw_only=True)
@@ -91,7 +94,7 @@ def _side_case(options: ValidateOptions, side: str, *, perturb_seed: int | None 
         reference=options.reference, mode=options.mode, steps=options.steps, steps_given=options.steps_given,
         seed=options.seed, out=str(Path(options.out) / "work" / label), script_args=options.script_args,
         localize=options.localize and options.nproc == 1 and label == side, backend_modules=options.backend_modules,
-        nproc=options.nproc, draws=draws, own_stream=own_stream)
+        nproc=options.nproc, draws=draws, own_stream=own_stream, device_alias=options.device_alias)
     return Case(kind="script-side", name=options.script.path, mode=label, config=spec.to_config())
 
 
@@ -112,6 +115,8 @@ def run_sides(options: ValidateOptions, on_progress: ProgressFn | None = None) -
     import time
 
     start = time.monotonic()
+    if options.device_alias is None and _names_target_device(options, options.script.names_device):
+        options = replace(options, device_alias=TargetSpec.parse(options.target).device)
     os.environ[HARNESS_OUTPUTS_ENV] = harness_outputs()  # the sides inherit it: a shell redirection is ours
     training = options.script.convention != FUNCTIONS
     cores = os.cpu_count() or 1
@@ -142,6 +147,8 @@ def run_sides(options: ValidateOptions, on_progress: ProgressFn | None = None) -
                 failed[side] = _describe_failure(outcome, last.get(side, {}))
             if side == "reference" and _fails(options, seen[side]):
                 break  # the script's problem: the target's side is stopped, not waited for
+    if options.device_alias is None and _names_target_device(options, _error_names(seen.get("reference"))):
+        return run_sides(replace(options, device_alias=TargetSpec.parse(options.target).device), on_progress)
     for data in seen.values():
         if data is not None and data.get("script_problem"):
             raise ScriptProblem(data["script_problem"])
@@ -173,6 +180,28 @@ def run_sides(options: ValidateOptions, on_progress: ProgressFn | None = None) -
         _band_sides(options, settings, data, progress)
     data["seconds"] = time.monotonic() - start
     return data
+
+
+def _names_target_device(options: ValidateOptions, names: Callable[[str], bool]) -> bool:
+    """Whether the script names the target's device itself, where the CPU reference must then take that name for
+    the CPU (validate.training): ``names`` says whether the script (its source, or the error it raised on the
+    reference) names a device type; an argument after ``--`` may name it too (``--device neuron``)."""
+    device = TargetSpec.parse(options.target).device
+    if options.reference.split(":")[0] != "cpu" or device == "cpu":
+        return False
+    spelled = (a.rpartition("=")[2] for a in options.script_args)
+    return names(device) or any(_DEVICE_ARG.fullmatch(a) and a.split(":")[0] == device for a in spelled)
+
+
+_DEVICE_ARG = re.compile(r"[a-z][a-z0-9_]*(:\d+)?")
+
+
+def _error_names(data: dict | None) -> Callable[[str], bool]:
+    """Whether the reference's failure names a device type: "Expected one of cpu, cuda, ... device string:
+    neuron", or a backend that has not registered a module (``torch.autocast("neuron")``)."""
+    error = ((data or {}).get("reference") or {}).get("error") or {}
+    message = error.get("message") or ""
+    return lambda device: re.search(rf"\b{re.escape(device)}\b", message) is not None
 
 
 def band_model(precision: dict | None, *, layers_compared: bool):
@@ -311,7 +340,11 @@ def _check_training_script(options: ValidateOptions, data: dict) -> None:
             raise ScriptProblem(f"the script fails to import: {error['message']}{where}")
         hint = ""
         message = error["message"].lower()
-        if "neuron" in message:
+        if options.device_alias and options.device_alias in message:
+            hint = (f"; the script names the {options.device_alias} device itself, which the reference took for "
+                    "the CPU, and this use of the name has no CPU counterpart: pick the device with "
+                    "torch.accelerator or a --device option")
+        elif "neuron" in message:
             hint = ("; the script names the neuron device directly: pick it with torch.accelerator or a "
                     "--device option so that the reference can run on the CPU")
         elif any(m in message for m in ("nvidia driver", "cuda", "torch not compiled with cuda")):

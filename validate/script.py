@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from dataclasses import dataclass
 
 from conformance.paths import short_path
@@ -43,6 +44,12 @@ class ScriptInfo:
     has_optimizer: bool
     device_option: str | None  # "--device" when the script's argparse declares it
     calls_backward: bool  # a `.backward(` call appears in the source (a hint, not a promise)
+    # The device types the source spells in string constants ("neuron" of torch.device("neuron"), "neuron:0",
+    # f"neuron:{rank}"): a script that names the target's device itself (validate.run)
+    device_words: frozenset[str] = frozenset()
+
+    def names_device(self, device_type: str) -> bool:
+        return device_type in self.device_words
 
     @property
     def display(self) -> str:
@@ -85,6 +92,21 @@ def _calls_backward(tree: ast.Module) -> bool:
             if isinstance(func, ast.Attribute) and func.attr == "backward":
                 return True
     return False
+
+
+_DEVICE_STRING = re.compile(r"([a-z][a-z0-9_]*)(:\d+)?")
+
+
+def _device_words(tree: ast.Module) -> frozenset[str]:
+    """The type of every string constant shaped like a device string (``"neuron"``, ``"neuron:1"``, the head
+    ``"neuron:"`` of an f-string): many are other words, which only matter if one is the target's name."""
+    words = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) <= 32:
+            match = _DEVICE_STRING.fullmatch(node.value) or _DEVICE_STRING.fullmatch(node.value.removesuffix(":"))
+            if match:
+                words.add(match.group(1))
+    return frozenset(words)
 
 
 def inspect_script(path: str) -> ScriptInfo:
@@ -130,4 +152,5 @@ def inspect_script(path: str) -> ScriptInfo:
         has_optimizer="get_optimizer" in names,
         device_option=_device_option(tree),
         calls_backward=_calls_backward(tree),
+        device_words=_device_words(tree),
     )

@@ -118,6 +118,49 @@ def _patch_accelerator_for_cpu(torch) -> None:
     torch.accelerator.current_accelerator = lambda check_available=False: None if check_available else cpu
     torch.accelerator.device_count = lambda: 1
     torch.accelerator.synchronize = lambda device=None: None
+    # CUDA too, where the machine has it: ``"cuda" if torch.cuda.is_available() else "cpu"`` must pick the CPU
+    # here, or the reference of a CUDA target runs on the GPU and is compared with itself.
+    torch.cuda.is_available = lambda: False
+    torch.cuda.device_count = lambda: 0
+    # Pinned memory is the accelerator's host memory: with none, pinning is a copy. PyTorch asks for CUDA's
+    # allocator on a machine without an accelerator, so ``x.pin_memory().to(device, non_blocking=True)``, which
+    # runs on any device, failed here with "Found no NVIDIA driver".
+    torch.Tensor.pin_memory = lambda self, device=None: self.clone()
+    torch.Tensor.is_pinned = lambda self, device=None: False
+
+
+@contextlib.contextmanager
+def _named_device_on_cpu(torch, name: str | None):
+    """On a CPU side, the target's device named by the script itself means the CPU.
+
+    A script moved to Trainium by naming the device (``device = torch.device("neuron")``, ``.to("neuron")``,
+    ``torch.autocast("neuron")``, ``-- --device neuron``) is the migration this check exists for, and the CPU
+    reference could not run it ("Expected one of cpu, cuda, ... device string: neuron"). Here the name
+    parses (PrivateUse1 takes it, with no kernels behind it), every device argument and tensor method naming it
+    names the CPU (diff.sides.device_named_as), and autocast for it is the CPU's, as a script that picks its
+    device through ``torch.accelerator`` gets on this side. The redirect is a function mode over every torch
+    call, so the side runs slower: its steps per second are not the CPU's own."""
+    if not name:
+        yield
+        return
+    from diff.sides import device_named_as
+
+    try:
+        torch.device(name)
+    except RuntimeError:
+        torch.utils.rename_privateuse1_backend(name)
+    autocast = torch.amp.autocast_mode.autocast
+    original_init = autocast.__init__
+
+    def init(self, device_type, *args, **kwargs):
+        return original_init(self, "cpu" if device_type == name else device_type, *args, **kwargs)
+
+    autocast.__init__ = init
+    try:
+        with device_named_as(torch.device("cpu"), name):
+            yield
+    finally:
+        autocast.__init__ = original_init
 
 
 def _install(state: _State, torch, here) -> dict:
@@ -424,6 +467,9 @@ def observe(spec: ChildSpec, progress) -> dict:
         return result
     if here.kind == "cpu":
         _patch_accelerator_for_cpu(torch)
+        if spec.device_alias:
+            result["notes"].append(f"the script names the {spec.device_alias} device itself: on this side (the "
+                                   f"CPU) that name meant the CPU")
     result["manifest"] = here.manifest()
     state = _State(spec, progress)
     side = SideObservations()
@@ -467,7 +513,8 @@ def _run_script(spec: ChildSpec, here, state: _State, side: SideObservations, de
     draws = _draws_for(spec, here)
     _seed_generators(spec.seed + int(os.environ.get("RANK", "0") or 0))
     _platform_start_method()
-    with here.track_ops() as tracker, perturb, draws:
+    named = _named_device_on_cpu(torch, spec.device_alias if here.kind == "cpu" else None)
+    with here.track_ops() as tracker, perturb, draws, named:
         try:
             runpy.run_path(spec.script, run_name="__main__")
         except StopScript:

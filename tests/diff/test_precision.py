@@ -153,14 +153,26 @@ def test_perturbed_runs_keep_each_op_within_its_range(spec):
     assert any(not torch.equal(r[1], torch.sigmoid(logits)) for r in runs), "still perturbed inside the range"
 
 
+def _within_half_rounding(loss, neuron) -> PrecisionModel:
+    """Asserts that ``loss(device)`` differs between the CPU and the device by autocast's policies alone, within
+    the spread of perturbed CPU runs, and that spread is the half type's rounding; returns the model used."""
+    from diff.precision import SPREAD_MULTIPLE
+
+    reference, target = loss("cpu"), loss(neuron.type)
+    assert target != reference, "the two autocast policies differ"
+    model = model_from_profile(resolve_profile("exact"))
+    spread = max(abs(r - reference) for r in perturbed_runs(lambda: loss("cpu"), model))
+    assert abs(target - reference) <= SPREAD_MULTIPLE * spread
+    assert spread < 0.02 * abs(reference), "the half type's rounding, not more"
+    return model
+
+
 def test_half_precision_results_spread_as_two_correct_devices_round_them(neuron):
     """Under bfloat16 autocast the CPU computes log_softmax in bfloat16 and an accelerator (CUDA's list, which
     PrivateUse1 shares) in float32: a correct device's loss differs from the reference's by the half type's
     rounding. timm's train.py under ``--amp --amp-dtype bfloat16`` was NOT READY on a correct device (loss
     0.14% off, against a band of 0.12% from runs rounding in float32 alone). The perturbed runs now round such
     ops' half-precision results, and leave full-precision ones as they were."""
-    from diff.precision import SPREAD_MULTIPLE
-
     torch.manual_seed(0)
     weight, x = torch.randn(64, 10) * 0.5, torch.randn(256, 64)
     targets = torch.softmax(torch.randn(256, 10), -1)
@@ -170,13 +182,27 @@ def test_half_precision_results_spread_as_two_correct_devices_round_them(neuron)
             logits = x.to(device) @ weight.to(device)
             return float((-targets.to(device) * torch.log_softmax(logits, -1)).sum(-1).mean())
 
-    reference, target = loss("cpu"), loss(neuron.type)
-    assert target != reference, "the two autocast policies differ"
-    model = model_from_profile(resolve_profile("exact"))
-    spread = max(abs(r - reference) for r in perturbed_runs(lambda: loss("cpu"), model))
-    assert abs(target - reference) <= SPREAD_MULTIPLE * spread
-    assert spread < 0.02 * abs(reference), "the half type's rounding, not more"
+    model = _within_half_rounding(loss, neuron)
     assert all(r == loss("cpu", torch.float32) for r in perturbed_runs(lambda: loss("cpu", torch.float32), model))
+
+
+def test_an_op_the_cpus_autocast_keeps_in_float32_spreads_as_the_device_rounds_it(neuron):
+    """The other way round: ``F.cross_entropy`` is on the CPU autocast's float32 list whole, while on an
+    accelerator it decomposes below autocast and its log_softmax runs in bfloat16. A correct device's loss
+    differed by bfloat16 rounding (0.29%) against a band of 0.14% from runs that saw float32 tensors only:
+    NOT READY for an attention classifier trained under bfloat16 autocast. The dispatch mode sees autocast
+    off, so the function mode above it tells it when the torch call ran under the CPU's autocast."""
+    torch.manual_seed(0)
+    logits, labels = (torch.randn(256, 10) * 3).bfloat16(), torch.randint(0, 10, (256,))  # a head's output
+
+    def loss(device, autocast=True):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            inputs = logits.to(device) if autocast else logits.float().to(device)
+            return float(torch.nn.functional.cross_entropy(inputs, labels.to(device)))
+
+    model = _within_half_rounding(loss, neuron)
+    plain = loss("cpu", autocast=False)  # float32 throughout: nothing to round
+    assert all(r == plain for r in perturbed_runs(lambda: loss("cpu", autocast=False), model))
 
 
 def test_random_ops_with_tiny_outputs_are_not_failed_for_a_different_draw():

@@ -133,6 +133,18 @@ def test_an_object_holding_tensors_is_copied_with_them_and_a_module_is_not():
     assert keys.tolist() == [1.0, 1.0]
 
 
+def test_a_device_named_as_another_takes_its_tensor_method_too():
+    """``x.cuda()`` and ``Module.cuda()`` in code replayed on the CPU (or a CPU reference taking the name for
+    the CPU): the method of the named type's name moves to the side's device, as device arguments do."""
+    from diff.sides import device_named_as
+
+    with device_named_as("cpu", "cuda"):
+        x = torch.ones(2).cuda()
+        layer = torch.nn.Linear(2, 2).cuda()
+        y = torch.zeros(2, device="cuda").cuda(0, non_blocking=True)
+    assert x.device.type == layer.weight.device.type == y.device.type == "cpu"
+
+
 def test_a_packed_sequence_moves_its_data_and_keeps_its_batch_sizes_on_the_cpu(neuron):
     """PyTorch keeps a PackedSequence's batch_sizes on the CPU on every device and refuses them elsewhere:
     moved with the rest, an RNN called with packed sequences could not be compared at all ("layers not

@@ -188,6 +188,59 @@ def test_device_arguments_per_side():
     assert _script_args(explicit, "neuron", "--device") == ["--device", "neuron"], "not added twice"
 
 
+def test_a_script_that_names_the_targets_device_is_found_in_its_source_or_its_arguments(tmp_path):
+    from dataclasses import replace
+
+    from validate.run import ValidateOptions, _error_names, _names_target_device
+
+    named = inspect_script(write(tmp_path, 'import torch\nd = torch.device("neuron")\nr = 0\n'
+                                           'e = f"neuron:{r}"\nx = torch.ones(2, device="neuron:1")\n'))
+    assert named.names_device("neuron") and not named.names_device("cuda")
+    plain = inspect_script(write(tmp_path, 'import torch\nprint("training on", torch.accelerator.'
+                                           'current_accelerator())\n', "plain.py"))
+    assert not plain.names_device("neuron")
+    options = ValidateOptions(script=plain, target="neuron:compile")
+    assert not _names_target_device(options, plain.names_device)
+    assert _names_target_device(options, named.names_device)
+    for args in (("--device", "neuron"), ("--dev=neuron:0",)):
+        assert _names_target_device(replace(options, script_args=args), plain.names_device), args
+    assert not _names_target_device(replace(options, script_args=("--run-name", "neuron-test")), plain.names_device)
+    assert not _names_target_device(replace(options, reference="neuron"), named.names_device), "a device reference"
+    assert not _names_target_device(replace(options, target="cpu:compile"), named.names_device)
+    failure = {"reference": {"error": {"message": "RuntimeError: Expected one of cpu, cuda, ... device type at "
+                                                  "start of device string: neuron"}}}
+    assert _names_target_device(options, _error_names(failure))
+    assert not _names_target_device(options, _error_names({"reference": {"error": {"message": "neuronal"}}}))
+
+
+def test_a_cpu_side_has_no_accelerator_to_pin_for_and_takes_the_named_device_for_the_cpu():
+    """In a fresh process, as a side runs: CUDA and the accelerator hidden, pinning a copy, and the target's
+    name (with no backend behind it here) meaning the CPU for factories, moves, modules and autocast."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from validate.training import _named_device_on_cpu, _patch_accelerator_for_cpu
+_patch_accelerator_for_cpu(torch)
+x = torch.ones(3)
+pinned = x.pin_memory()
+assert pinned is not x and pinned.tolist() == [1.0, 1.0, 1.0] and not x.is_pinned()
+assert not torch.cuda.is_available() and torch.accelerator.current_accelerator() == torch.device("cpu")
+with _named_device_on_cpu(torch, "neuron"):
+    device = torch.device("neuron")
+    layer = torch.nn.Linear(4, 2, device="neuron").to(device)
+    y = torch.randn(5, 4, device=device).to("neuron:0", non_blocking=True)
+    with torch.autocast(device_type="neuron", dtype=torch.bfloat16):
+        out = layer(y)
+    assert layer.weight.device.type == "cpu" and y.device.type == "cpu" and out.dtype == torch.bfloat16
+print("ok")
+"""
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "NEURON_VALIDATE_EMULATOR_AUTOLOAD": "0"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
 def test_a_models_own_loss_is_the_only_place_the_backward_pass_starts():
     import torch
 

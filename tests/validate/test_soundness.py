@@ -123,6 +123,31 @@ def test_host_execution_the_backend_does_not_report_is_a_host_fallback(validate)
     assert not clean.findings("host-fallback"), "the device's own sin is not host execution"
 
 
+def test_a_script_that_names_the_neuron_device_is_checked_against_the_cpu(validate):
+    """``torch.device("neuron")``, ``.to("neuron")``, ``autocast("neuron")``: the script as moved to Trainium,
+    unchanged. The CPU reference takes the name for the CPU (before: exit 2, "the script fails on the
+    reference (cpu): ... device string: neuron"); its bfloat16 loss (``log_softmax`` in bfloat16 on the device,
+    float32 on the CPU) is within the band; a 5% matmul fault (in bfloat16, whose own tolerance is 1.6%) is
+    still found at its layer."""
+    run = validate(script("names_neuron.py"))
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout + run.stderr
+    assert any("names the neuron device itself" in note for note in run.report["notes"])
+    assert run.findings("numerics", "info") and run.findings("loss-curves", "info")
+    faulty = validate(script("names_neuron.py"), "--emulator-profile", "exact",
+                      env={"NEURON_VALIDATE_FAULTS": "perturb@aten::addmm,rel=0.05"})
+    assert faulty.returncode == 1 and faulty.report["verdict"] == "not ready", faulty.stdout + faulty.stderr
+    (numerics,) = faulty.findings("numerics", "error")
+    assert "first diverging layer embed (Linear), op aten::addmm" in numerics["title"], numerics
+
+
+def test_a_device_named_where_no_scan_sees_it_is_taken_for_the_cpu_after_the_reference_fails(validate):
+    """The device comes from the project's settings module: the first reference run fails on the name, and the
+    check runs again with the name taken for the CPU, rather than stopping with exit 2."""
+    run = validate(script(os.path.join("device_from_helper", "train.py")))
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout + run.stderr
+    assert any("names the neuron device itself" in note for note in run.report["notes"])
+
+
 def test_hardwired_cuda_gets_a_placeholder_hint(tmp_path):
     result = run_cli("neuron-validate", script("hardwired_cuda.py"), "--out", str(tmp_path / "out"))
     assert result.returncode != 0
