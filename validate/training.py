@@ -37,6 +37,7 @@ import weakref
 from conformance.target import GraphCounter
 
 from .common import ChildSpec, SideObservations, localization_observations
+from .named_device import named_device_on_cpu
 from .probes import compile_observations, error_info, fingerprint, named_inputs, placement_scan, wide_tensors
 
 
@@ -127,40 +128,6 @@ def _patch_accelerator_for_cpu(torch) -> None:
     # runs on any device, failed here with "Found no NVIDIA driver".
     torch.Tensor.pin_memory = lambda self, device=None: self.clone()
     torch.Tensor.is_pinned = lambda self, device=None: False
-
-
-@contextlib.contextmanager
-def _named_device_on_cpu(torch, name: str | None):
-    """On a CPU side, the target's device named by the script itself means the CPU.
-
-    A script moved to Trainium by naming the device (``device = torch.device("neuron")``, ``.to("neuron")``,
-    ``torch.autocast("neuron")``, ``-- --device neuron``) is the migration this check exists for, and the CPU
-    reference could not run it ("Expected one of cpu, cuda, ... device string: neuron"). Here the name
-    parses (PrivateUse1 takes it, with no kernels behind it), every device argument and tensor method naming it
-    names the CPU (diff.sides.device_named_as), and autocast for it is the CPU's, as a script that picks its
-    device through ``torch.accelerator`` gets on this side. The redirect is a function mode over every torch
-    call, so the side runs slower: its steps per second are not the CPU's own."""
-    if not name:
-        yield
-        return
-    from diff.sides import device_named_as
-
-    try:
-        torch.device(name)
-    except RuntimeError:
-        torch.utils.rename_privateuse1_backend(name)
-    autocast = torch.amp.autocast_mode.autocast
-    original_init = autocast.__init__
-
-    def init(self, device_type, *args, **kwargs):
-        return original_init(self, "cpu" if device_type == name else device_type, *args, **kwargs)
-
-    autocast.__init__ = init
-    try:
-        with device_named_as(torch.device("cpu"), name):
-            yield
-    finally:
-        autocast.__init__ = original_init
 
 
 def _install(state: _State, torch, here) -> dict:
@@ -513,7 +480,7 @@ def _run_script(spec: ChildSpec, here, state: _State, side: SideObservations, de
     draws = _draws_for(spec, here)
     _seed_generators(spec.seed + int(os.environ.get("RANK", "0") or 0))
     _platform_start_method()
-    named = _named_device_on_cpu(torch, spec.device_alias if here.kind == "cpu" else None)
+    named = named_device_on_cpu(torch, spec.device_alias if here.kind == "cpu" else None)
     with here.track_ops() as tracker, perturb, draws, named:
         try:
             runpy.run_path(spec.script, run_name="__main__")

@@ -215,25 +215,36 @@ def test_a_script_that_names_the_targets_device_is_found_in_its_source_or_its_ar
 
 def test_a_cpu_side_has_no_accelerator_to_pin_for_and_takes_the_named_device_for_the_cpu():
     """In a fresh process, as a side runs: CUDA and the accelerator hidden, pinning a copy, and the target's
-    name (with no backend behind it here) meaning the CPU for factories, moves, modules and autocast."""
+    name (with no backend behind it here) meaning the CPU for factories, moves, modules, autocast, the tensor
+    method of its name and its device module (``torch.neuron.synchronize()``)."""
     import subprocess
     import sys
 
     code = """
 import torch
-from validate.training import _named_device_on_cpu, _patch_accelerator_for_cpu
+from validate.named_device import named_device_on_cpu
+from validate.training import _patch_accelerator_for_cpu
 _patch_accelerator_for_cpu(torch)
 x = torch.ones(3)
 pinned = x.pin_memory()
 assert pinned is not x and pinned.tolist() == [1.0, 1.0, 1.0] and not x.is_pinned()
 assert not torch.cuda.is_available() and torch.accelerator.current_accelerator() == torch.device("cpu")
-with _named_device_on_cpu(torch, "neuron"):
+with named_device_on_cpu(torch, "neuron"):
     device = torch.device("neuron")
     layer = torch.nn.Linear(4, 2, device="neuron").to(device)
     y = torch.randn(5, 4, device=device).to("neuron:0", non_blocking=True)
     with torch.autocast(device_type="neuron", dtype=torch.bfloat16):
         out = layer(y)
     assert layer.weight.device.type == "cpu" and y.device.type == "cpu" and out.dtype == torch.bfloat16
+    torch.neuron.synchronize()
+    assert torch.neuron.device_count() == 1 and torch.neuron.max_memory_allocated() == 0
+    assert torch.ones(2).neuron().device.type == "cpu" and layer.neuron().weight.device.type == "cpu"
+    try:
+        torch.neuron.Stream()
+    except AttributeError as exc:
+        assert "no meaning on the CPU reference" in str(exc)
+    else:
+        raise AssertionError("a stream has no CPU meaning")
 print("ok")
 """
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "NEURON_VALIDATE_EMULATOR_AUTOLOAD": "0"}
