@@ -172,7 +172,12 @@ def _observe(spec: ChildSpec, result: dict, progress) -> None:
         raise ScriptProblem(str(exc)) from None
     result["manifest"] = {"target": target.manifest(), "reference": reference.manifest()}
     progress(side="both", phase="import")
-    script = _load_script(spec.script, result)
+    import torch
+
+    from .named_device import torch_neuronx_stand_in
+
+    with torch_neuronx_stand_in(torch, target.device.type, on_target=True):
+        script = _load_script(spec.script, result)
     # 1. Does it run on the reference? A failure here is the script's problem.
     progress(side="reference", phase="forward")
     ref_side, steps = _check_reference(spec, script, reference, result)

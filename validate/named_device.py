@@ -90,3 +90,38 @@ def named_device_on_cpu(torch, name: str | None):
             yield
     finally:
         autocast.__init__ = original_init
+
+
+@contextlib.contextmanager
+def torch_neuronx_stand_in(torch, target_device: str, on_target: bool):
+    """``import torch_neuronx`` where the emulated device stands in for it (the target is ``neuron`` and
+    torch_neuronx is not installed).
+
+    The native backend autoloads, so importing it is optional, and scripts written for Trainium often do it
+    anyway: the check stopped at "the script fails to import: No module named 'torch_neuronx'" on both sides,
+    which is the harness's arrangement, not the script's fault. The stand-in offers what the native package
+    offers a training script beside registering the device, its op tracking (``get_executed_ops``,
+    ``get_fallback_ops``, ``clear_op_tracking``): the emulated device's on the target, nothing on a CPU side,
+    where nothing runs on a device. Anything else it names raises, saying so."""
+    import importlib.util
+    import sys
+
+    if target_device != "neuron" or "torch_neuronx" in sys.modules or importlib.util.find_spec("torch_neuronx"):
+        yield
+        return
+    module = types.ModuleType("torch_neuronx", "the emulated neuron device standing in for torch_neuronx")
+    module.__version__ = "emulated"
+    device = getattr(torch, "neuron", None) if on_target else None
+    for name in ("get_executed_ops", "get_fallback_ops", "clear_op_tracking"):
+        setattr(module, name, getattr(device, name) if device is not None else (lambda: []))
+
+    def missing(attr: str):
+        raise AttributeError(f"torch_neuronx.{attr}: the emulated neuron device stands in for torch_neuronx's "
+                             "device and op tracking only (torch_neuronx is not installed here)")
+
+    module.__getattr__ = missing
+    sys.modules["torch_neuronx"] = module
+    try:
+        yield
+    finally:
+        sys.modules.pop("torch_neuronx", None)

@@ -34,10 +34,10 @@ import sys
 import time
 import weakref
 
-from conformance.target import GraphCounter
+from conformance.target import GraphCounter, TargetSpec
 
 from .common import ChildSpec, SideObservations, localization_observations
-from .named_device import named_device_on_cpu
+from .named_device import named_device_on_cpu, torch_neuronx_stand_in
 from .probes import compile_observations, error_info, fingerprint, named_inputs, placement_scan, wide_tensors
 
 
@@ -481,7 +481,8 @@ def _run_script(spec: ChildSpec, here, state: _State, side: SideObservations, de
     _seed_generators(spec.seed + int(os.environ.get("RANK", "0") or 0))
     _platform_start_method()
     named = named_device_on_cpu(torch, spec.device_alias if here.kind == "cpu" else None)
-    with here.track_ops() as tracker, perturb, draws, named:
+    stand_in = torch_neuronx_stand_in(torch, TargetSpec.parse(spec.target).device, on_target=here.kind != "cpu")
+    with here.track_ops() as tracker, perturb, draws, named, stand_in:
         try:
             runpy.run_path(spec.script, run_name="__main__")
         except StopScript:

@@ -1,9 +1,11 @@
-"""Moved to Trainium by naming the device: torch.device("neuron"), .to("neuron"), autocast for "neuron".
+"""Moved to Trainium by naming the device: torch.device("neuron"), .to("neuron"), autocast for "neuron",
+torch.neuron.synchronize(), and torch_neuronx imported for its op tracking.
 
 An attention classifier under bfloat16 autocast, its causal mask made in forward on the named device, its
 batches pinned before they move (``pin_memory().to(..., non_blocking=True)``), trained with F.cross_entropy
 (on the CPU's autocast list whole; on a device its log_softmax runs in bfloat16)."""
 import torch
+import torch_neuronx  # optional for the native backend, which autoloads; scripts import it anyway
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -36,4 +38,5 @@ for epoch in range(2):
         opt.zero_grad()
         loss.backward()
         opt.step()
-print(f"final loss {loss.item():.4f}")
+torch.neuron.synchronize()
+print(f"final loss {loss.item():.4f}; ops run on the host: {torch_neuronx.get_fallback_ops()}")
