@@ -96,6 +96,23 @@ def check_target_used(obs: dict, ctx: CheckContext) -> list[Finding]:
         detail=detail, hint=hint)]
 
 
+def check_device_choice(obs: dict, ctx: CheckContext) -> list[Finding]:
+    """A script written for CUDA was checked with its cuda taken for the target's device: what it computes
+    there is judged, and the one change that makes it so is named. As written, it would not run on the target
+    (hard-wired) or would run on the CPU (``"cuda" if torch.cuda.is_available() else "cpu"``)."""
+    if obs.get("device_alias") != "cuda" or ctx.device == "cuda" or check_target_used(obs, ctx):
+        return []  # a script that never reached the device even so is target-used's finding alone
+    return [Finding(
+        check="device-choice", severity="warning", subject="cuda",
+        title=f"the script is written for CUDA: checked with its cuda taken for {ctx.device}",
+        detail=(f"as written it does not reach {ctx.device}: it names cuda, and on a machine without CUDA it fails "
+                "or trains on the CPU; every side ran it with cuda meaning its own device (the target's, or the "
+                "CPU on the reference), torch.cuda answering for it"),
+        hint=("pick the device with device = torch.accelerator.current_accelerator() and use device.type where the "
+              "script says \"cuda\" (torch.autocast(device.type), torch.amp.GradScaler(device.type)); torch.cuda "
+              "calls become torch.accelerator's (synchronize, memory) or go"))]
+
+
 # ---------------------------------------------------------------- numerics
 def _growth(layers: list[dict]) -> str:
     forward = [x for x in layers if x["phase"] == "forward"]
@@ -634,7 +651,7 @@ def check_outputs(obs: dict, ctx: CheckContext) -> list[Finding]:
     return findings
 
 
-CHECKS = (check_runs, check_target_used, check_numerics, check_fallback, check_placement, check_script_compiles,
+CHECKS = (check_runs, check_target_used, check_device_choice, check_numerics, check_fallback, check_placement, check_script_compiles,
           check_recompilation, check_wide_dtypes, check_curves, check_outputs)
 
 

@@ -1,19 +1,26 @@
-"""A script that names the target's device itself, run on the CPU reference.
+"""A script that names its device itself, run on each side's own device.
 
 A script moved to Trainium by naming the device (``device = torch.device("neuron")``, ``.to("neuron")``,
 ``torch.autocast("neuron")``, ``torch.neuron.synchronize()``, ``-- --device neuron``) is the migration this
 check exists for, and the CPU reference could not run it ("Expected one of cpu, cuda, ... device string:
-neuron"). On a CPU side the name means the CPU:
+neuron"). A script written for CUDA (``.cuda()``, ``torch.device("cuda")``, or ``"cuda" if
+torch.cuda.is_available() else "cpu"``, which on any other machine trains on the CPU) is the migration before
+that one change: checked as it stands, it either failed on the reference (exit 2) or never used the target.
 
-* it parses: PrivateUse1 takes the name, with no kernels behind it, and a stand-in device module answers
-  ``torch.neuron.*`` as a CPU would (one device, nothing to synchronize, no device memory; its generator is
-  the CPU's, whose draws are the ones this side makes for the device);
+So while the script runs, the device type it names (``name``) means the side's own device:
+
+* the name parses: on the CPU, PrivateUse1 takes it where no backend did, with no kernels behind it;
+* its device module answers as the side's device would: a stand-in ``torch.neuron`` on the CPU (one device,
+  nothing to synchronize, no device memory), ``torch.cuda`` answered by the target's own device module on the
+  target (``torch.cuda.is_available()`` is True on every side, so every side takes the script's CUDA branch);
 * a function mode over every torch call makes device arguments naming it, and the tensor method of its name
-  (``x.neuron()``, ``x.cuda()`` for a ``cuda`` target), name the CPU (diff.sides.device_named_as);
-* autocast for it is the CPU's, as a script that picks its device through ``torch.accelerator`` gets here.
+  (``x.neuron()``, ``x.cuda()``), name the side's device (diff.sides.device_named_as);
+* autocast and ``GradScaler`` for it are the side's device's.
 
-What has no CPU meaning (a generator made on the device, a stream) still fails, with a hint. The function
-mode costs time on every torch call: this side's steps per second are not the CPU's own.
+Seeding the named device on the CPU does nothing: there the device's draws come from the CPU's generator in
+the order the target makes them, and seeding that would move the CPU's own draws (a shuffle) away from the
+target's. What has no meaning on the side's device (a generator made on it, a CUDA-only API) still fails,
+with a hint. The function mode costs time on every torch call: a side's steps per second are not its own.
 """
 
 from __future__ import annotations
@@ -21,38 +28,69 @@ from __future__ import annotations
 import contextlib
 import types
 
+_MISSING = object()
 
-def _stand_in_module(torch, name: str) -> types.ModuleType:
-    """``torch.<name>`` on the CPU: what a script asks of its device module, answered for the CPU."""
+
+def _returning(value):
+    """A function of its own that returns ``value``: torch.compile's rules refuse one object under two names."""
+    return lambda *args, **kwargs: value
+
+
+def _calling(fn):
+    """A function of its own that calls ``fn`` (see :func:`_returning`)."""
+    return lambda *args, **kwargs: fn(*args, **kwargs)
+
+
+def _cpu_answers(torch) -> dict:
+    """What a device module answers on the CPU."""
+    answers = {name: _returning(None) for name in ("set_device", "synchronize", "empty_cache",
+                                                   "reset_peak_memory_stats", "manual_seed", "manual_seed_all",
+                                                   "seed")}
+    answers.update({name: _returning(0) for name in ("current_device", "memory_allocated", "max_memory_allocated",
+                                                     "memory_reserved")})
+    answers.update({name: _returning(True) for name in ("is_available", "is_initialized", "is_bf16_supported")})
+    answers.update(device_count=_returning(1), get_device_name=_returning("cpu"), device=_NoDevice,
+                   initial_seed=_calling(torch.initial_seed),
+                   get_rng_state=lambda device=None: torch.get_rng_state(),
+                   set_rng_state=lambda state, device=None: torch.set_rng_state(state),
+                   get_amp_supported_dtype=_returning([torch.float16, torch.bfloat16, torch.float32]))
+    return answers
+
+
+def _device_answers(torch, device) -> dict:
+    """``torch.cuda`` answered by the side's own device module (the target's)."""
+    module = torch.get_device_module(device.type)
+    answers = {name: _returning(True) for name in ("is_available", "is_initialized", "is_bf16_supported")}
+    answers.update(device=_NoDevice, get_device_name=_returning(f"{device.type} (standing in for cuda)"))
+    for name in ("device_count", "current_device", "set_device", "synchronize", "empty_cache",
+                 "reset_peak_memory_stats", "memory_allocated", "max_memory_allocated", "manual_seed",
+                 "manual_seed_all", "seed", "initial_seed", "get_rng_state", "set_rng_state", "current_stream",
+                 "default_stream"):
+        if hasattr(module, name):
+            answers[name] = _calling(getattr(module, name))
+    for name in ("Stream", "Event", "stream"):  # classes and context managers: as they are
+        if hasattr(module, name):
+            answers[name] = getattr(module, name)
+    return answers
+
+
+class _NoDevice:
+    """``torch.<name>.device(index)``: the side has one device, already current."""
+
+    def __init__(self, device) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def _stand_in_module(name: str, answers: dict) -> types.ModuleType:
     module = types.ModuleType(f"torch.{name}", f"the CPU standing in for {name} (neuron-validate's reference)")
-    nothing = lambda *args, **kwargs: None  # noqa: E731
-    zero = lambda *args, **kwargs: 0  # noqa: E731
-    module.is_available = lambda: True
-    module.is_initialized = lambda: True
-    module._is_in_bad_fork = lambda: False
-    module.device_count = lambda: 1
-    module.current_device = zero
-    module.set_device = module.synchronize = module.empty_cache = module.reset_peak_memory_stats = nothing
-    module.memory_allocated = module.max_memory_allocated = module.memory_reserved = zero
-    # Seeding is the device's generator on the target, whose draws this side makes from the CPU's generator in
-    # the same order: seeding that here would move the CPU's own draws (a shuffle) away from the target's.
-    module.manual_seed = module.manual_seed_all = module.seed = nothing
-    module.initial_seed = torch.initial_seed
-    module.get_rng_state = lambda device=None: torch.get_rng_state()
-    module.set_rng_state = lambda state, device=None: torch.set_rng_state(state)
-    module.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16, torch.float32]
-
-    class _Device:
-        def __init__(self, device) -> None:
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc) -> None:
-            return None
-
-    module.device = _Device
+    for key, value in answers.items():
+        setattr(module, key, value)
 
     def missing(attr: str):
         raise AttributeError(f"torch.{name}.{attr} has no meaning on the CPU reference, which takes {name} for "
@@ -63,33 +101,61 @@ def _stand_in_module(torch, name: str) -> types.ModuleType:
 
 
 @contextlib.contextmanager
-def named_device_on_cpu(torch, name: str | None):
-    """While the script runs on a CPU side, ``name`` (the target's device type) means the CPU."""
-    if not name:
+def _patched(obj, answers: dict):
+    saved = {key: getattr(obj, key, _MISSING) for key in answers}
+    for key, value in answers.items():
+        setattr(obj, key, value)
+    try:
         yield
-        return
+    finally:
+        for key, value in saved.items():
+            if value is _MISSING:
+                delattr(obj, key)
+            else:
+                setattr(obj, key, value)
+
+
+@contextlib.contextmanager
+def _amp_for(torch, name: str, device_type: str):
+    """``torch.autocast(name)`` and ``GradScaler(name)`` (``torch.cuda.amp``'s too) for ``device_type``."""
+    take = lambda given: device_type if given == name else given  # noqa: E731
+    autocast, scaler = torch.amp.autocast_mode.autocast, torch.amp.GradScaler
+    autocast_init, scaler_init = autocast.__init__, scaler.__init__
+
+    def init_autocast(self, device_type, *args, **kwargs):
+        return autocast_init(self, take(device_type), *args, **kwargs)
+
+    def init_scaler(self, device="cuda", *args, **kwargs):
+        return scaler_init(self, take(device), *args, **kwargs)
+
+    with _patched(autocast, {"__init__": init_autocast}), _patched(scaler, {"__init__": init_scaler}):
+        yield
+
+
+@contextlib.contextmanager
+def script_device(torch, name: str | None, device):
+    """While the script runs on a side whose device is ``device``, the device type ``name`` means it."""
     from diff.sides import device_named_as
 
+    device = torch.device(device)
+    if not name or name == device.type:
+        yield
+        return
+    answers = _cpu_answers(torch) if device.type == "cpu" else _device_answers(torch, device)
     try:
         torch.device(name)
     except RuntimeError:
-        torch.utils.rename_privateuse1_backend(name)
-        if not hasattr(torch, name):
-            torch._register_device_module(name, _stand_in_module(torch, name))
-            torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
-                                                                 for_packed_sequence=True, for_storage=False)
-    autocast = torch.amp.autocast_mode.autocast
-    original_init = autocast.__init__
-
-    def init(self, device_type, *args, **kwargs):
-        return original_init(self, "cpu" if device_type == name else device_type, *args, **kwargs)
-
-    autocast.__init__ = init
-    try:
-        with device_named_as(torch.device("cpu"), name):
-            yield
-    finally:
-        autocast.__init__ = original_init
+        torch.utils.rename_privateuse1_backend(name)  # no backend took PrivateUse1 here: the CPU side
+    module = getattr(torch, name, None)
+    if module is None:
+        torch._register_device_module(name, _stand_in_module(name, answers))
+        torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
+                                                             for_packed_sequence=True, for_storage=False)
+        patched = contextlib.nullcontext()
+    else:
+        patched = _patched(module, answers)
+    with patched, _amp_for(torch, name, device.type), device_named_as(device, name):
+        yield
 
 
 @contextlib.contextmanager

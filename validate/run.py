@@ -115,8 +115,9 @@ def run_sides(options: ValidateOptions, on_progress: ProgressFn | None = None) -
     import time
 
     start = time.monotonic()
-    if options.device_alias is None and _names_target_device(options, options.script.names_device):
-        options = replace(options, device_alias=TargetSpec.parse(options.target).device)
+    if options.device_alias is None:
+        options = replace(options, device_alias=_script_device(options, options.script.names_device,
+                                                               cuda=options.script.written_for_cuda))
     os.environ[HARNESS_OUTPUTS_ENV] = harness_outputs()  # the sides inherit it: a shell redirection is ours
     training = options.script.convention != FUNCTIONS
     cores = os.cpu_count() or 1
@@ -147,8 +148,10 @@ def run_sides(options: ValidateOptions, on_progress: ProgressFn | None = None) -
                 failed[side] = _describe_failure(outcome, last.get(side, {}))
             if side == "reference" and _fails(options, seen[side]):
                 break  # the script's problem: the target's side is stopped, not waited for
-    if options.device_alias is None and _names_target_device(options, _error_names(seen.get("reference"))):
-        return run_sides(replace(options, device_alias=TargetSpec.parse(options.target).device), on_progress)
+    reference = seen.get("reference")
+    if options.device_alias is None and (alias := _script_device(options, _error_names(reference),
+                                                                 cuda=_cuda_missing(reference))):
+        return run_sides(replace(options, device_alias=alias), on_progress)
     for data in seen.values():
         if data is not None and data.get("script_problem"):
             raise ScriptProblem(data["script_problem"])
@@ -178,30 +181,46 @@ def run_sides(options: ValidateOptions, on_progress: ProgressFn | None = None) -
         data["notes"] = list(ref_data.get("notes", [])) + list(tgt_data.get("notes", []))
         _check_training_script(options, data)
         _band_sides(options, settings, data, progress)
+    data["device_alias"] = options.device_alias
     data["seconds"] = time.monotonic() - start
     return data
 
 
-def _names_target_device(options: ValidateOptions, names: Callable[[str], bool]) -> bool:
-    """Whether the script names the target's device itself, where the CPU reference must then take that name for
-    the CPU (validate.training): ``names`` says whether the script (its source, or the error it raised on the
-    reference) names a device type; an argument after ``--`` may name it too (``--device neuron``)."""
+def _script_device(options: ValidateOptions, names: Callable[[str], bool], *, cuda: bool) -> str | None:
+    """The device type the script names for its device, where every side must take it for its own
+    (validate.named_device): the target's, for a script moved to Trainium (``names`` says whether its source,
+    or the error it raised on the reference, names a device type; an argument after ``--`` may name it too:
+    ``--device neuron``), or ``cuda`` for a script written for CUDA (``cuda``: its source picks CUDA with no
+    other way to choose a device, or CUDA's absence failed it on the reference). None where neither."""
     device = TargetSpec.parse(options.target).device
     if options.reference.split(":")[0] != "cpu" or device == "cpu":
-        return False
+        return None
     spelled = (a.rpartition("=")[2] for a in options.script_args)
-    return names(device) or any(_DEVICE_ARG.fullmatch(a) and a.split(":")[0] == device for a in spelled)
+    if names(device) or any(_DEVICE_ARG.fullmatch(a) and a.split(":")[0] == device for a in spelled):
+        return device
+    return "cuda" if cuda and device != "cuda" else None
 
 
 _DEVICE_ARG = re.compile(r"[a-z][a-z0-9_]*(:\d+)?")
+_NO_CUDA = ("nvidia driver", "torch not compiled with cuda", "no cuda gpus are available", "cuda is not available")
+
+
+def _reference_error(data: dict | None) -> str:
+    return ((((data or {}).get("reference") or {}).get("error") or {}).get("message") or "")
 
 
 def _error_names(data: dict | None) -> Callable[[str], bool]:
     """Whether the reference's failure names a device type: "Expected one of cpu, cuda, ... device string:
     neuron", or a backend that has not registered a module (``torch.autocast("neuron")``)."""
-    error = ((data or {}).get("reference") or {}).get("error") or {}
-    message = error.get("message") or ""
+    message = _reference_error(data)
     return lambda device: re.search(rf"\b{re.escape(device)}\b", message) is not None
+
+
+def _cuda_missing(data: dict | None) -> bool:
+    """Whether the reference failed for want of CUDA ("Found no NVIDIA driver on your system"): a script
+    hard-wired to CUDA."""
+    message = _reference_error(data).lower()
+    return any(words in message for words in _NO_CUDA)
 
 
 def band_model(precision: dict | None, *, layers_compared: bool):

@@ -47,6 +47,9 @@ class ScriptInfo:
     # The device types the source spells in string constants ("neuron" of torch.device("neuron"), "neuron:0",
     # f"neuron:{rank}"): a script that names the target's device itself (validate.run)
     device_words: frozenset[str] = frozenset()
+    # Picks CUDA (torch.cuda.is_available()) with no other way to choose its device (no torch.accelerator, no
+    # --device option): elsewhere it trains on the CPU, so the check takes its cuda for the target's device
+    written_for_cuda: bool = False
 
     def names_device(self, device_type: str) -> bool:
         return device_type in self.device_words
@@ -109,6 +112,25 @@ def _device_words(tree: ast.Module) -> frozenset[str]:
     return frozenset(words)
 
 
+def _attribute_paths(tree: ast.Module) -> set[str]:
+    """Every dotted name the source reads (``torch.cuda.is_available``), outermost chains and their heads."""
+    paths = set()
+    for node in ast.walk(tree):
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if isinstance(node, ast.Name) and parts:
+            paths.add(".".join([node.id, *reversed(parts)]))
+    return paths
+
+
+def _written_for_cuda(tree: ast.Module, device_option: str | None) -> bool:
+    paths = _attribute_paths(tree)
+    picks_cuda = any(p.endswith("cuda.is_available") for p in paths)
+    return picks_cuda and device_option is None and not any(".accelerator" in p for p in paths)
+
+
 def inspect_script(path: str) -> ScriptInfo:
     """Reads the script's source; raises ScriptError (one line) when it cannot be validated."""
     if not path:
@@ -153,4 +175,5 @@ def inspect_script(path: str) -> ScriptInfo:
         device_option=_device_option(tree),
         calls_backward=_calls_backward(tree),
         device_words=_device_words(tree),
+        written_for_cuda=_written_for_cuda(tree, _device_option(tree)),
     )

@@ -37,7 +37,7 @@ import weakref
 from conformance.target import GraphCounter, TargetSpec
 
 from .common import ChildSpec, SideObservations, localization_observations
-from .named_device import named_device_on_cpu, torch_neuronx_stand_in
+from .named_device import script_device, torch_neuronx_stand_in
 from .probes import compile_observations, error_info, fingerprint, named_inputs, placement_scan, wide_tensors
 
 
@@ -434,9 +434,9 @@ def observe(spec: ChildSpec, progress) -> dict:
         return result
     if here.kind == "cpu":
         _patch_accelerator_for_cpu(torch)
-        if spec.device_alias:
-            result["notes"].append(f"the script names the {spec.device_alias} device itself: on this side (the "
-                                   f"CPU) that name meant the CPU")
+    if spec.device_alias and spec.device_alias != here.device.type:
+        result["notes"].append(f"the script names the {spec.device_alias} device itself: on the {spec.side} side "
+                               f"that name meant {here.device.type}")
     result["manifest"] = here.manifest()
     state = _State(spec, progress)
     side = SideObservations()
@@ -480,7 +480,7 @@ def _run_script(spec: ChildSpec, here, state: _State, side: SideObservations, de
     draws = _draws_for(spec, here)
     _seed_generators(spec.seed + int(os.environ.get("RANK", "0") or 0))
     _platform_start_method()
-    named = named_device_on_cpu(torch, spec.device_alias if here.kind == "cpu" else None)
+    named = script_device(torch, spec.device_alias, here.device)
     stand_in = torch_neuronx_stand_in(torch, TargetSpec.parse(spec.target).device, on_target=here.kind != "cpu")
     with here.track_ops() as tracker, perturb, draws, named, stand_in:
         try:

@@ -188,48 +188,86 @@ def test_device_arguments_per_side():
     assert _script_args(explicit, "neuron", "--device") == ["--device", "neuron"], "not added twice"
 
 
-def test_a_script_that_names_the_targets_device_is_found_in_its_source_or_its_arguments(tmp_path):
+def test_the_device_a_script_names_is_found_in_its_source_its_arguments_or_its_failure(tmp_path):
     from dataclasses import replace
 
-    from validate.run import ValidateOptions, _error_names, _names_target_device
+    from validate.run import ValidateOptions, _cuda_missing, _error_names, _script_device
 
     named = inspect_script(write(tmp_path, 'import torch\nd = torch.device("neuron")\nr = 0\n'
                                            'e = f"neuron:{r}"\nx = torch.ones(2, device="neuron:1")\n'))
-    assert named.names_device("neuron") and not named.names_device("cuda")
+    assert named.names_device("neuron") and not named.names_device("cuda") and not named.written_for_cuda
     plain = inspect_script(write(tmp_path, 'import torch\nprint("training on", torch.accelerator.'
-                                           'current_accelerator())\n', "plain.py"))
-    assert not plain.names_device("neuron")
+                                           'current_accelerator(), torch.cuda.is_available())\n', "plain.py"))
+    assert not plain.names_device("neuron") and not plain.written_for_cuda, "it has torch.accelerator"
+    cuda = inspect_script(write(tmp_path, 'import torch\nd = "cuda" if torch.cuda.is_available() else "cpu"\n',
+                                "cuda.py"))
+    assert cuda.written_for_cuda
+    with_option = write(tmp_path, 'import argparse, torch\np = argparse.ArgumentParser()\n'
+                                  'p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")\n',
+                        "option.py")
+    assert not inspect_script(with_option).written_for_cuda, "the harness fills --device in"
+
     options = ValidateOptions(script=plain, target="neuron:compile")
-    assert not _names_target_device(options, plain.names_device)
-    assert _names_target_device(options, named.names_device)
+    assert _script_device(options, plain.names_device, cuda=False) is None
+    assert _script_device(options, named.names_device, cuda=True) == "neuron", "the target's name first"
+    assert _script_device(options, plain.names_device, cuda=True) == "cuda"
+    assert _script_device(replace(options, target="cuda"), plain.names_device, cuda=True) is None
     for args in (("--device", "neuron"), ("--dev=neuron:0",)):
-        assert _names_target_device(replace(options, script_args=args), plain.names_device), args
-    assert not _names_target_device(replace(options, script_args=("--run-name", "neuron-test")), plain.names_device)
-    assert not _names_target_device(replace(options, reference="neuron"), named.names_device), "a device reference"
-    assert not _names_target_device(replace(options, target="cpu:compile"), named.names_device)
-    failure = {"reference": {"error": {"message": "RuntimeError: Expected one of cpu, cuda, ... device type at "
-                                                  "start of device string: neuron"}}}
-    assert _names_target_device(options, _error_names(failure))
-    assert not _names_target_device(options, _error_names({"reference": {"error": {"message": "neuronal"}}}))
+        assert _script_device(replace(options, script_args=args), plain.names_device, cuda=False) == "neuron"
+    assert _script_device(replace(options, script_args=("--run-name", "neuron-test")), plain.names_device,
+                          cuda=False) is None
+    assert _script_device(replace(options, reference="neuron"), named.names_device, cuda=True) is None
+    assert _script_device(replace(options, target="cpu:compile"), named.names_device, cuda=True) is None
+    parse = {"reference": {"error": {"message": "RuntimeError: Expected one of cpu, cuda, ... device type at "
+                                                "start of device string: neuron"}}}
+    assert _script_device(options, _error_names(parse), cuda=_cuda_missing(parse)) == "neuron"
+    driver = {"reference": {"error": {"message": "RuntimeError: Found no NVIDIA driver on your system."}}}
+    assert _script_device(options, _error_names(driver), cuda=_cuda_missing(driver)) == "cuda"
+    other = {"reference": {"error": {"message": "neuronal"}}}
+    assert _script_device(options, _error_names(other), cuda=_cuda_missing(other)) is None
+
+
+def test_cuda_on_the_target_is_its_own_device_while_the_script_runs(neuron):
+    """A script written for CUDA, on the target: cuda names the target's device, torch.cuda answers for it, and
+    everything is put back afterwards."""
+    import torch
+
+    from validate.named_device import script_device
+
+    with script_device(torch, "cuda", neuron):
+        assert torch.cuda.is_available() and torch.cuda.device_count() >= 1
+        torch.cuda.manual_seed(0)
+        layer = torch.nn.Linear(3, 2).cuda()
+        x = torch.randn(4, 3, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = layer(x)
+        scaler = torch.amp.GradScaler("cuda")
+        scaler.scale(out.float().sum()).backward()
+        torch.cuda.synchronize()
+        assert torch.cuda.max_memory_allocated() >= 0
+    assert layer.weight.device.type == x.device.type == neuron.type and out.dtype == torch.bfloat16
+    assert scaler._device == neuron.type
+    assert not torch.cuda.is_available() and torch.cuda.synchronize is not None
 
 
 def test_a_cpu_side_has_no_accelerator_to_pin_for_and_takes_the_named_device_for_the_cpu():
     """In a fresh process, as a side runs: CUDA and the accelerator hidden, pinning a copy, and the target's
     name (with no backend behind it here) meaning the CPU for factories, moves, modules, autocast, the tensor
-    method of its name and its device module (``torch.neuron.synchronize()``)."""
+    method of its name and its device module (``torch.neuron.synchronize()``); so does cuda, for a script
+    written for CUDA, whose CUDA branch it then takes."""
     import subprocess
     import sys
 
     code = """
 import torch
-from validate.named_device import named_device_on_cpu
+from validate.named_device import script_device
 from validate.training import _patch_accelerator_for_cpu
 _patch_accelerator_for_cpu(torch)
 x = torch.ones(3)
 pinned = x.pin_memory()
 assert pinned is not x and pinned.tolist() == [1.0, 1.0, 1.0] and not x.is_pinned()
 assert not torch.cuda.is_available() and torch.accelerator.current_accelerator() == torch.device("cpu")
-with named_device_on_cpu(torch, "neuron"):
+with script_device(torch, "neuron", "cpu"):
     device = torch.device("neuron")
     layer = torch.nn.Linear(4, 2, device="neuron").to(device)
     y = torch.randn(5, 4, device=device).to("neuron:0", non_blocking=True)
@@ -245,6 +283,16 @@ with named_device_on_cpu(torch, "neuron"):
         assert "no meaning on the CPU reference" in str(exc)
     else:
         raise AssertionError("a stream has no CPU meaning")
+with script_device(torch, "cuda", "cpu"):
+    assert torch.cuda.is_available(), "the script's CUDA branch, as on the target"
+    torch.cuda.manual_seed(1)
+    torch.cuda.synchronize()
+    model = torch.nn.Linear(4, 2).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = model(torch.ones(1, 4).cuda(non_blocking=True))
+    assert model.weight.device.type == "cpu" and out.dtype == torch.bfloat16
+    assert torch.cuda.amp.GradScaler()._device == "cpu"
+assert not torch.cuda.is_available()
 print("ok")
 """
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "NEURON_VALIDATE_EMULATOR_AUTOLOAD": "0"}

@@ -148,10 +148,31 @@ def test_a_device_named_where_no_scan_sees_it_is_taken_for_the_cpu_after_the_ref
     assert any("names the neuron device itself" in note for note in run.report["notes"])
 
 
-def test_hardwired_cuda_gets_a_placeholder_hint(tmp_path):
-    result = run_cli("neuron-validate", script("hardwired_cuda.py"), "--out", str(tmp_path / "out"))
-    assert result.returncode != 0
-    assert "{device}" in result.stderr and "--device={device}" in result.stderr
+def test_a_script_written_for_cuda_is_checked_with_cuda_taken_for_the_target(validate):
+    """``"cuda" if torch.cuda.is_available() else "cpu"``, ``.cuda()``, float16 autocast for "cuda" with the
+    deprecated ``torch.cuda.amp.GradScaler``, ``torch.cuda.synchronize()``: as written it trains on the CPU
+    anywhere but on CUDA (before: NOT READY, "the script never used the target device"). Every side takes
+    its cuda for its own device: the numerics are judged, and a warning names the one change to make. A 5%
+    matmul fault is found at its layer."""
+    run = validate(script("written_for_cuda.py"))
+    assert run.returncode == 0 and run.report["verdict"] == "ready with warnings", run.stdout + run.stderr
+    (choice,) = run.findings("device-choice", "warning")
+    assert "written for CUDA" in choice["title"] and "torch.accelerator.current_accelerator()" in choice["hint"]
+    assert [f["check"] for f in run.findings(severity="warning")] == ["device-choice"]
+    assert run.findings("numerics", "info") and run.findings("loss-curves", "info")
+    faulty = validate(script("written_for_cuda.py"), "--emulator-profile", "exact",
+                      env={"NEURON_VALIDATE_FAULTS": "perturb@aten::addmm,rel=0.05"})
+    assert faulty.returncode == 1, faulty.stdout + faulty.stderr
+    (numerics,) = faulty.findings("numerics", "error")
+    assert "first diverging layer fc (Linear), op aten::addmm" in numerics["title"], numerics
+
+
+def test_a_script_hard_wired_to_cuda_is_run_again_with_cuda_taken_for_the_target(validate):
+    """``device = "cuda"`` with nothing to choose: the reference fails for want of CUDA ("Found no NVIDIA
+    driver"), and the check runs again with cuda taken for each side's device (before: exit 2)."""
+    run = validate(script("hardwired_cuda.py"))
+    assert run.returncode == 0 and run.report["verdict"] == "ready with warnings", run.stdout + run.stderr
+    assert run.findings("device-choice", "warning") and run.findings("numerics", "info")
 
 
 def test_script_options_without_double_dash_suggest_it(tmp_path):
