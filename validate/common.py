@@ -66,7 +66,8 @@ class ChildSpec:
     # the device's own stream modelled on the CPU.
     draws: str = "shared"
     own_stream: tuple[int, ...] = ()
-    # The target's device type where the script names it itself ("neuron"): on a CPU side it means the CPU.
+    # The device type the script names for its device ("neuron", or "cuda" for a script written for CUDA): on
+    # each side it means that side's device (validate.named_device).
     device_alias: str | None = None
 
     def to_config(self) -> dict:

@@ -60,7 +60,8 @@ class ValidateOptions:
     rss_limit_mb: int = 0  # 0: no memory cap for the script's processes
     argv: tuple[str, ...] = ()
     nproc: int = 1  # ranks per side (a torchrun-style training script)
-    device_alias: str | None = None  # the target's device type, named by the script itself: the CPU's on CPU sides
+    # The device type the script names for its device (the target's, or cuda): each side's own device there
+    device_alias: str | None = None
 
 
 @dataclass(kw_only=True)
