@@ -360,10 +360,10 @@ def _check_training_script(options: ValidateOptions, data: dict) -> None:
             raise ScriptProblem(f"the script fails to import: {error['message']}{where}")
         hint = ""
         message = error["message"].lower()
-        if options.device_alias and options.device_alias in message:
-            hint = (f"; the script names the {options.device_alias} device itself, which the reference took for "
-                    "the CPU, and this use of the name has no CPU counterpart: pick the device with "
-                    "torch.accelerator or a --device option")
+        if options.device_alias and (options.device_alias in message or "privateuse1" in message):
+            hint = (f"; the script names the {options.device_alias} device itself, which the reference takes for "
+                    "the CPU, and this use of it has no CPU counterpart (a generator or a stream made on the "
+                    "device): pick the device with torch.accelerator or a --device option")
         elif "neuron" in message:
             hint = ("; the script names the neuron device directly: pick it with torch.accelerator or a "
                     "--device option so that the reference can run on the CPU")

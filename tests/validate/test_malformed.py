@@ -43,9 +43,10 @@ CASES = {
     "training script fails on the reference": (
         "import torch\nmodel = torch.nn.Linear(2, 2)\nloss = model(torch.ones(1, 2)).sum()\nprint(1 / 0)\n", [], {},
         "the script fails on the reference (cpu): ZeroDivisionError: division by zero (script.py:4 in <module>)"),
-    "hard-coded neuron device": (
-        "import torch\nmodel = torch.nn.Linear(2, 2).to('neuron')\nmodel(torch.ones(1, 2, device='neuron')).sum().backward()\n",
-        [], {}, "names the neuron device directly"),
+    "a generator made on the named neuron device": (
+        "import torch\ng = torch.Generator(device='neuron')\nmodel = torch.nn.Linear(2, 2).to('neuron')\n"
+        "model(torch.rand(1, 2, device='neuron', generator=g)).sum().backward()\n",
+        [], {}, "has no CPU counterpart (a generator or a stream made on the device)"),
     "exits with a status": ("import sys, torch\nm = torch.nn.Linear(2, 2)\nm(torch.ones(1, 2))\nsys.exit(3)\n", [], {},
                             "the script exited with status 3"),
     "never calls backward with --steps": (
