@@ -11,7 +11,8 @@ So while the script runs, the device type it names (``name``) means the side's o
 
 * the name parses: on the CPU, PrivateUse1 takes it where no backend did, with no kernels behind it;
 * its device module answers as the side's device would: a stand-in ``torch.neuron`` on the CPU (one device,
-  nothing to synchronize, no device memory), ``torch.cuda`` answered by the target's own device module on the
+  nothing to synchronize, no device memory, streams that run in order and events timed by the host's
+  clock), ``torch.cuda`` answered by the target's own device module on the
   target (``torch.cuda.is_available()`` is True on every side, so every side takes the script's CUDA branch);
 * a function mode over every torch call makes device arguments naming it, and the tensor method of its name
   (``x.neuron()``, ``x.cuda()``), name the side's device (diff.sides.device_named_as);
@@ -19,7 +20,8 @@ So while the script runs, the device type it names (``name``) means the side's o
 
 Seeding the named device on the CPU does nothing: there the device's draws come from the CPU's generator in
 the order the target makes them, and seeding that would move the CPU's own draws (a shuffle) away from the
-target's. What has no meaning on the side's device (a generator made on it, a CUDA-only API) still fails,
+target's. What has no meaning on the side's device (a generator made on it, a CUDA-only API such as
+``get_device_properties``) still fails,
 with a hint. The function mode costs time on every torch call: a side's steps per second are not its own.
 """
 
@@ -53,8 +55,60 @@ def _cpu_answers(torch) -> dict:
                    initial_seed=_calling(torch.initial_seed),
                    get_rng_state=lambda device=None: torch.get_rng_state(),
                    set_rng_state=lambda state, device=None: torch.set_rng_state(state),
-                   get_amp_supported_dtype=_returning([torch.float16, torch.bfloat16, torch.float32]))
+                   get_amp_supported_dtype=_returning([torch.float16, torch.bfloat16, torch.float32]),
+                   Stream=_HostStream, Event=_HostEvent, current_stream=_calling(_HostStream),
+                   default_stream=_calling(_HostStream), stream=lambda stream=None: contextlib.nullcontext())
     return answers
+
+
+class _HostStream:
+    """A device stream on the CPU: work runs in order, so there is nothing to wait for."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait_stream(self, stream) -> None:
+        return None
+
+    def wait_event(self, event) -> None:
+        return None
+
+    def record_event(self, event=None):
+        event = event or _HostEvent()
+        event.record()
+        return event
+
+    def query(self) -> bool:
+        return True
+
+
+class _HostEvent:
+    """A device event on the CPU: complete once recorded, timed by the host's clock (``elapsed_time`` in ms)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self._at: float | None = None
+
+    def record(self, stream=None) -> None:
+        import time
+
+        self._at = time.perf_counter()
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait(self, stream=None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: "_HostEvent") -> float:
+        if self._at is None or end._at is None:
+            raise RuntimeError("elapsed_time: both events must be recorded first")
+        return (end._at - self._at) * 1000.0
 
 
 def _device_answers(torch, device) -> dict:

@@ -277,12 +277,17 @@ with script_device(torch, "neuron", "cpu"):
     torch.neuron.synchronize()
     assert torch.neuron.device_count() == 1 and torch.neuron.max_memory_allocated() == 0
     assert torch.ones(2).neuron().device.type == "cpu" and layer.neuron().weight.device.type == "cpu"
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    start.record()
+    torch.neuron.current_stream().synchronize()
+    end.record()
+    assert start.elapsed_time(end) >= 0.0
     try:
-        torch.neuron.Stream()
+        torch.neuron.get_device_properties(0)
     except AttributeError as exc:
         assert "no meaning on the CPU reference" in str(exc)
     else:
-        raise AssertionError("a stream has no CPU meaning")
+        raise AssertionError("the device's properties have no CPU meaning")
 with script_device(torch, "cuda", "cpu"):
     assert torch.cuda.is_available(), "the script's CUDA branch, as on the target"
     torch.cuda.manual_seed(1)
