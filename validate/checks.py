@@ -572,6 +572,10 @@ def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
     if ratio is not None:
         t, r = cmp.target.steps_per_second, cmp.reference.steps_per_second
         note = " (emulated device: not a measure of Trainium speed)" if ctx.emulated else ""
+        alias = obs.get("device_alias")
+        if alias:  # validate.named_device: a function mode over every torch call on the sides that translate
+            sides = "the reference" if alias == ctx.device else "both sides"
+            note += f"; {sides} ran with the script's {alias} translated call by call, slower than alone"
         findings.append(Finding(check="speed", severity="info",
                                 title=f"target {ratio:.2f}x the reference's speed: {t:.2f} vs {r:.2f} steps/s{note}",
                                 data={"ratio": ratio, "target_steps_per_s": t, "reference_steps_per_s": r}))

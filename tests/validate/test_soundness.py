@@ -133,6 +133,8 @@ def test_a_script_that_names_the_neuron_device_is_checked_against_the_cpu(valida
     assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout + run.stderr
     assert any("names the neuron device itself" in note for note in run.report["notes"])
     assert run.findings("numerics", "info") and run.findings("loss-curves", "info")
+    (speed,) = run.findings("speed", "info")
+    assert "the reference ran with the script's neuron translated call by call" in speed["title"]
     faulty = validate(script("names_neuron.py"), "--emulator-profile", "exact",
                       env={"NEURON_VALIDATE_FAULTS": "perturb@aten::addmm,rel=0.05"})
     assert faulty.returncode == 1 and faulty.report["verdict"] == "not ready", faulty.stdout + faulty.stderr
@@ -160,6 +162,8 @@ def test_a_script_written_for_cuda_is_checked_with_cuda_taken_for_the_target(val
     assert "written for CUDA" in choice["title"] and "torch.accelerator.current_accelerator()" in choice["hint"]
     assert [f["check"] for f in run.findings(severity="warning")] == ["device-choice"]
     assert run.findings("numerics", "info") and run.findings("loss-curves", "info")
+    (speed,) = run.findings("speed", "info")
+    assert "both sides ran with the script's cuda translated" in speed["title"]
     faulty = validate(script("written_for_cuda.py"), "--emulator-profile", "exact",
                       env={"NEURON_VALIDATE_FAULTS": "perturb@aten::addmm,rel=0.05"})
     assert faulty.returncode == 1, faulty.stdout + faulty.stderr
