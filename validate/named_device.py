@@ -43,6 +43,11 @@ def _calling(fn):
     return lambda *args, **kwargs: fn(*args, **kwargs)
 
 
+# No CUDA compute capability: a script that picks a path by it (bfloat16 or TF32 from 8.0, flash attention)
+# takes its most general one on every side.
+_NO_CAPABILITY = (0, 0)
+
+
 def _cpu_answers(torch) -> dict:
     """What a device module answers on the CPU."""
     answers = {name: _returning(None) for name in ("set_device", "synchronize", "empty_cache",
@@ -52,6 +57,7 @@ def _cpu_answers(torch) -> dict:
                                                      "memory_reserved")})
     answers.update({name: _returning(True) for name in ("is_available", "is_initialized", "is_bf16_supported")})
     answers.update(device_count=_returning(1), get_device_name=_returning("cpu"), device=_NoDevice,
+                   get_device_capability=_returning(_NO_CAPABILITY),
                    initial_seed=_calling(torch.initial_seed),
                    get_rng_state=lambda device=None: torch.get_rng_state(),
                    set_rng_state=lambda state, device=None: torch.set_rng_state(state),
@@ -115,7 +121,8 @@ def _device_answers(torch, device) -> dict:
     """``torch.cuda`` answered by the side's own device module (the target's)."""
     module = torch.get_device_module(device.type)
     answers = {name: _returning(True) for name in ("is_available", "is_initialized", "is_bf16_supported")}
-    answers.update(device=_NoDevice, get_device_name=_returning(f"{device.type} (standing in for cuda)"))
+    answers.update(device=_NoDevice, get_device_name=_returning(f"{device.type} (standing in for cuda)"),
+                   get_device_capability=_returning(_NO_CAPABILITY))
     for name in ("device_count", "current_device", "set_device", "synchronize", "empty_cache",
                  "reset_peak_memory_stats", "memory_allocated", "max_memory_allocated", "manual_seed",
                  "manual_seed_all", "seed", "initial_seed", "get_rng_state", "set_rng_state", "current_stream",

@@ -236,6 +236,7 @@ def test_cuda_on_the_target_is_its_own_device_while_the_script_runs(neuron):
 
     with script_device(torch, "cuda", neuron):
         assert torch.cuda.is_available() and torch.cuda.device_count() >= 1
+        assert torch.cuda.get_device_capability() == (0, 0), "no CUDA capability to pick a path by"
         torch.cuda.manual_seed(0)
         layer = torch.nn.Linear(3, 2).cuda()
         x = torch.randn(4, 3, device="cuda")
