@@ -54,8 +54,9 @@ def same_layout_copy(t: torch.Tensor, device) -> torch.Tensor:
     return whole.as_strided(t.size(), t.stride(), t.storage_offset())
 
 
-def _redirects(value, from_type: str) -> bool:
-    """A device argument of type ``from_type`` (``torch.device`` or a string such as "cpu")."""
+def names_device_type(value, from_type: str) -> bool:
+    """Whether ``value`` is a device argument of type ``from_type`` (``torch.device`` or a string such as
+    "cpu")."""
     if isinstance(value, torch.device):
         return value.type == from_type
     if isinstance(value, str) and value.split(":")[0] == from_type:
@@ -137,7 +138,7 @@ def to_device(value: Any, device=None, dtype: torch.dtype | DtypeMap | None = No
         return dtype.get(t.dtype, t.dtype)
 
     def move(v):
-        if redirect is not None and target is not None and _redirects(v, redirect):
+        if redirect is not None and target is not None and names_device_type(v, redirect):
             return target if isinstance(v, torch.device) else str(target)
         if not isinstance(v, torch.Tensor):
             return _copy_holding(v, move)
@@ -170,7 +171,7 @@ class _DeviceRedirect(TorchFunctionMode):
         self.from_type, self.to = from_type, to
 
     def _swap(self, value):
-        if _redirects(value, self.from_type):
+        if names_device_type(value, self.from_type):
             return self.to if isinstance(value, torch.device) else str(self.to)
         return value
 
@@ -461,4 +462,4 @@ def backward_from(output, grad_output, device, dtype=None) -> bool:
 
 
 __all__ = ["ModelRun", "backward_from", "call_model", "default_dtype", "device_named_as", "float_leaves", "model_copy",
-           "plain_outputs", "run_model", "same_layout_copy", "side_model", "to_device"]
+           "names_device_type", "plain_outputs", "run_model", "same_layout_copy", "side_model", "to_device"]

@@ -655,8 +655,8 @@ def check_outputs(obs: dict, ctx: CheckContext) -> list[Finding]:
     return findings
 
 
-CHECKS = (check_runs, check_target_used, check_device_choice, check_numerics, check_fallback, check_placement, check_script_compiles,
-          check_recompilation, check_wide_dtypes, check_curves, check_outputs)
+CHECKS = (check_runs, check_target_used, check_device_choice, check_numerics, check_fallback, check_placement,
+          check_script_compiles, check_recompilation, check_wide_dtypes, check_curves, check_outputs)
 
 
 def run_checks(obs: dict, ctx: CheckContext) -> list[Finding]:

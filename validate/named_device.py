@@ -38,9 +38,19 @@ def _returning(value):
     return lambda *args, **kwargs: value
 
 
-def _calling(fn):
-    """A function of its own that calls ``fn`` (see :func:`_returning`)."""
-    return lambda *args, **kwargs: fn(*args, **kwargs)
+def _calling(fn, named: str | None = None, device=None):
+    """A function of its own that calls ``fn`` (see :func:`_returning`), a device argument of type ``named``
+    (``torch.cuda.set_device(torch.device("cuda", 0))``) given as ``device`` with its index."""
+    def swap(value):
+        from diff.sides import names_device_type
+
+        if named is None or not names_device_type(value, named):
+            return value
+        import torch
+
+        return torch.device(device.type, torch.device(value).index or 0)
+
+    return lambda *args, **kwargs: fn(*map(swap, args), **{key: swap(value) for key, value in kwargs.items()})
 
 
 # No CUDA compute capability: a script that picks a path by it (bfloat16 or TF32 from 8.0, flash attention)
@@ -128,7 +138,7 @@ def _device_answers(torch, device) -> dict:
                  "manual_seed_all", "seed", "initial_seed", "get_rng_state", "set_rng_state", "current_stream",
                  "default_stream"):
         if hasattr(module, name):
-            answers[name] = _calling(getattr(module, name))
+            answers[name] = _calling(getattr(module, name), "cuda", device)
     for name in ("Stream", "Event", "stream"):  # classes and context managers: as they are
         if hasattr(module, name):
             answers[name] = getattr(module, name)

@@ -165,6 +165,7 @@ def inspect_script(path: str) -> ScriptInfo:
     if inputs_name is not None and model_name is None:
         raise ScriptError(f"{short_path(full)}: defines {inputs_name} but no get_model() (or model)")
     functions = model_name is not None and inputs_name is not None
+    device_option = _device_option(tree)
     return ScriptInfo(
         path=full,
         convention=FUNCTIONS if functions else TRAINING,
@@ -172,8 +173,8 @@ def inspect_script(path: str) -> ScriptInfo:
         inputs_name=inputs_name if functions else None,
         has_loss_fn="loss_fn" in names,
         has_optimizer="get_optimizer" in names,
-        device_option=_device_option(tree),
+        device_option=device_option,
         calls_backward=_calls_backward(tree),
         device_words=_device_words(tree),
-        written_for_cuda=_written_for_cuda(tree, _device_option(tree)),
+        written_for_cuda=_written_for_cuda(tree, device_option),
     )

@@ -238,6 +238,7 @@ def test_cuda_on_the_target_is_its_own_device_while_the_script_runs(neuron):
         assert torch.cuda.is_available() and torch.cuda.device_count() >= 1
         assert torch.cuda.get_device_capability() == (0, 0), "no CUDA capability to pick a path by"
         torch.cuda.manual_seed(0)
+        torch.cuda.set_device(torch.device("cuda", 0))  # a cuda device given to torch.cuda: the target's
         layer = torch.nn.Linear(3, 2).cuda()
         x = torch.randn(4, 3, device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
