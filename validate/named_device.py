@@ -139,9 +139,9 @@ def _device_answers(torch, device) -> dict:
                  "default_stream"):
         if hasattr(module, name):
             answers[name] = _calling(getattr(module, name), "cuda", device)
-    for name in ("Stream", "Event", "stream"):  # classes and context managers: as they are
+    for name in ("Stream", "Event", "stream"):  # made by a function of their own (see _returning)
         if hasattr(module, name):
-            answers[name] = getattr(module, name)
+            answers[name] = _calling(getattr(module, name), "cuda", device)
     return answers
 
 
@@ -169,6 +169,25 @@ def _stand_in_module(name: str, answers: dict) -> types.ModuleType:
 
     module.__getattr__ = missing
     return module
+
+
+def _outside_torch(module, answers: dict) -> dict:
+    """The answers for callers outside PyTorch (the script, its libraries); PyTorch's own code keeps the real
+    module's. Told that CUDA is there, dynamo asked CUDA for its properties while compiling the script's
+    model, on a machine without it: "CUDA driver version is insufficient"."""
+    import sys
+
+    def split(answer, real):
+        def call(*args, **kwargs):
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            inside = caller == "torch" or caller.startswith("torch.")
+            return (real if inside else answer)(*args, **kwargs)
+
+        return call
+
+    return {key: split(answer, getattr(module, key)) if (isinstance(answer, types.FunctionType)
+                                                         and isinstance(getattr(module, key, None), types.FunctionType))
+            else answer for key, answer in answers.items()}
 
 
 @contextlib.contextmanager
@@ -224,7 +243,7 @@ def script_device(torch, name: str | None, device):
                                                              for_packed_sequence=True, for_storage=False)
         patched = contextlib.nullcontext()
     else:
-        patched = _patched(module, answers)
+        patched = _patched(module, _outside_torch(module, answers))
     with patched, _amp_for(torch, name, device.type), device_named_as(device, name):
         yield
 

@@ -247,6 +247,10 @@ def test_cuda_on_the_target_is_its_own_device_while_the_script_runs(neuron):
         scaler.scale(out.float().sum()).backward()
         torch.cuda.synchronize()
         assert torch.cuda.max_memory_allocated() >= 0
+        # PyTorch's own code still sees the machine as it is: dynamo asked a CUDA it was told of for its
+        # properties while compiling ("CUDA driver version is insufficient")
+        compiled = torch.compile(torch.nn.Linear(3, 2).cuda(), backend="neuron")
+        assert compiled(x).device.type == neuron.type
     assert layer.weight.device.type == x.device.type == neuron.type and out.dtype == torch.bfloat16
     assert scaler._device == neuron.type
     assert not torch.cuda.is_available() and torch.cuda.synchronize is not None
