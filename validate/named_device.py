@@ -41,13 +41,13 @@ def _returning(value):
 def _calling(fn, named: str | None = None, device=None):
     """A function of its own that calls ``fn`` (see :func:`_returning`), a device argument of type ``named``
     (``torch.cuda.set_device(torch.device("cuda", 0))``) given as ``device`` with its index."""
-    def swap(value):
-        from diff.sides import names_device_type
+    import torch
 
+    from diff.sides import names_device_type
+
+    def swap(value):
         if named is None or not names_device_type(value, named):
             return value
-        import torch
-
         return torch.device(device.type, torch.device(value).index or 0)
 
     return lambda *args, **kwargs: fn(*map(swap, args), **{key: swap(value) for key, value in kwargs.items()})

@@ -34,7 +34,7 @@ from runner.supervisor import Job, Supervisor
 from .checks import CheckContext, curve_comparison, run_checks
 from .common import HARNESS_OUTPUTS_ENV, ChildSpec, ScriptProblem, harness_outputs
 from .report import build_report, write_reports
-from .script import FUNCTIONS, ScriptInfo
+from .script import FUNCTIONS, ScriptInfo, device_type_of
 from .verdict import NOT_READY, READY_WITH_WARNINGS, Finding, verdict_of
 
 ProgressFn = Callable[[str, dict], None]  # (side, event)
@@ -197,12 +197,11 @@ def _script_device(options: ValidateOptions, names: Callable[[str], bool], *, cu
     if options.reference.split(":")[0] != "cpu" or device == "cpu":
         return None
     spelled = (a.rpartition("=")[2] for a in options.script_args)
-    if names(device) or any(_DEVICE_ARG.fullmatch(a) and a.split(":")[0] == device for a in spelled):
+    if names(device) or any(device_type_of(a) == device for a in spelled):
         return device
     return "cuda" if cuda and device != "cuda" else None
 
 
-_DEVICE_ARG = re.compile(r"[a-z][a-z0-9_]*(:\d+)?")
 _NO_CUDA = ("nvidia driver", "torch not compiled with cuda", "no cuda gpus are available", "cuda is not available")
 
 

@@ -100,16 +100,19 @@ def _calls_backward(tree: ast.Module) -> bool:
 _DEVICE_STRING = re.compile(r"([a-z][a-z0-9_]*)(:\d+)?")
 
 
+def device_type_of(text: str) -> str | None:
+    """The device type of a string shaped like a device string (``"neuron"``, ``"neuron:1"``, the head
+    ``"neuron:"`` of an f-string), else None; many such strings are other words."""
+    match = _DEVICE_STRING.fullmatch(text) or _DEVICE_STRING.fullmatch(text.removesuffix(":"))
+    return match.group(1) if match else None
+
+
 def _device_words(tree: ast.Module) -> frozenset[str]:
-    """The type of every string constant shaped like a device string (``"neuron"``, ``"neuron:1"``, the head
-    ``"neuron:"`` of an f-string): many are other words, which only matter if one is the target's name."""
-    words = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) <= 32:
-            match = _DEVICE_STRING.fullmatch(node.value) or _DEVICE_STRING.fullmatch(node.value.removesuffix(":"))
-            if match:
-                words.add(match.group(1))
-    return frozenset(words)
+    """The type of every string constant shaped like a device string: they only matter if one is the target's
+    name."""
+    return frozenset(word for node in ast.walk(tree)
+                     if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) <= 32
+                     and (word := device_type_of(node.value)))
 
 
 def _attribute_paths(tree: ast.Module) -> set[str]:

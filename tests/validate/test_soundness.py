@@ -142,6 +142,12 @@ def test_a_script_that_names_the_neuron_device_is_checked_against_the_cpu(valida
     assert "first diverging layer embed (Linear), op aten::addmm" in numerics["title"], numerics
 
 
+def test_the_functions_convention_imports_torch_neuronx_where_the_emulated_device_stands_in(validate):
+    run = validate(script("imports_torch_neuronx.py"))
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout + run.stderr
+    assert run.findings("numerics", "info")
+
+
 def test_a_device_named_where_no_scan_sees_it_is_taken_for_the_cpu_after_the_reference_fails(validate):
     """The device comes from the project's settings module: the first reference run fails on the name, and the
     check runs again with the name taken for the CPU, rather than stopping with exit 2."""
