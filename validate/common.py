@@ -16,6 +16,9 @@ import stat
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# The model libraries a side's worker imports before it is forked (validate.script.PRELOADABLE), comma-separated
+PRELOAD_ENV = "NEURON_VALIDATE_PRELOAD"
+
 # Files the harness's own process writes while the sides run (the user's shell redirecting its output into
 # a file of the working directory): "device:inode" pairs, set by validate.run; never the script's writes.
 HARNESS_OUTPUTS_ENV = "NEURON_VALIDATE_HARNESS_OUTPUTS"

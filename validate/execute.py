@@ -23,7 +23,7 @@ from conformance.paths import DISPLAY_ROOT_ENV
 from runner.executors import Executor
 from runner.worker import CRASH_DIR_ENV
 
-from .common import HARNESS_OUTPUTS_ENV, ChildSpec, ScriptProblem, json_ready
+from .common import HARNESS_OUTPUTS_ENV, PRELOAD_ENV, ChildSpec, ScriptProblem, json_ready
 from .script import FUNCTIONS, ScriptError, inspect_script
 
 
@@ -327,5 +327,26 @@ def execute_script(case: Case, ctx) -> Outcome:
     return outcome
 
 
-SIDE_EXECUTOR = Executor(kind="script-side", execute=execute_side, resolves_targets=False, shows_warnings=True)
+def _preload_side() -> None:
+    """What a side imports at once, loaded before its worker is forked (runner.zygote), so that a check pays it
+    once for each side's zygote rather than in each of its eight sides: ``torch._dynamo``, which PyTorch imports
+    at a process's first optimizer, ``manual_seed`` or custom op (1.9 s of a core, nearly all of a small
+    script's side); the side's own recording modules; and the model libraries the script imports
+    (:data:`PRELOAD_ENV`: transformers alone takes 3 s). One the script would fail to import is left to fail
+    there, in the script's own words."""
+    import importlib
+
+    import torch._dynamo  # noqa: F401
+
+    from . import functions, training  # noqa: F401
+
+    for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the script's import raises it again, as the script's problem
+            pass
+
+
+SIDE_EXECUTOR = Executor(kind="script-side", execute=execute_side, resolves_targets=False, shows_warnings=True,
+                         warmup=_preload_side)
 EXECUTOR = Executor(kind="script", execute=execute_script, shows_warnings=True)

@@ -32,7 +32,7 @@ from diff.judge import classify_error
 from runner.supervisor import Job, Supervisor
 
 from .checks import CheckContext, curve_comparison, run_checks
-from .common import HARNESS_OUTPUTS_ENV, ChildSpec, ScriptProblem, harness_outputs
+from .common import HARNESS_OUTPUTS_ENV, PRELOAD_ENV, ChildSpec, ScriptProblem, harness_outputs
 from .report import build_report, write_reports
 from .script import FUNCTIONS, ScriptInfo, device_type_of
 from .verdict import NOT_READY, READY_WITH_WARNINGS, Finding, verdict_of
@@ -124,7 +124,8 @@ def run_sides(options: ValidateOptions, on_progress: ProgressFn | None = None) -
     cores = os.cpu_count() or 1
     settings = RunSettings(target=options.target, reference=options.reference,
                            backend_modules=options.backend_modules, timeout_s=options.timeout_s,
-                           rss_limit_mb=options.rss_limit_mb, threads=max(1, cores // 2) if training else 0)
+                           rss_limit_mb=options.rss_limit_mb, threads=max(1, cores // 2) if training else 0,
+                           env={PRELOAD_ENV: ",".join(options.script.libraries)} if options.script.libraries else {})
     if training:
         cpu_env = CPU_SIDE_ENV if options.reference.split(":")[0] == "cpu" else {}
         jobs = [Job(case=_side_case(options, "reference"), env=cpu_env), Job(case=_side_case(options, "target"))]

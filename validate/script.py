@@ -50,6 +50,8 @@ class ScriptInfo:
     # Picks CUDA (torch.cuda.is_available()) with no other way to choose its device (no torch.accelerator, no
     # --device option): elsewhere it trains on the CPU, so the check takes its cuda for the target's device
     written_for_cuda: bool = False
+    # The model libraries the script imports (of PRELOADABLE): its sides' workers are forked with them imported
+    libraries: tuple[str, ...] = ()
 
     def names_device(self, device_type: str) -> bool:
         return device_type in self.device_words
@@ -77,6 +79,22 @@ def _top_level_names(tree: ast.Module) -> dict[str, str]:
             for alias in node.names:
                 names[(alias.asname or alias.name).split(".")[0]] = "import"
     return names
+
+
+# Libraries that take seconds to import and do nothing else when imported: a check imports them once for each
+# side's zygote (validate.execute), not once in each of its eight sides' processes.
+PRELOADABLE = ("torchvision", "timm", "transformers", "diffusers")
+
+
+def _libraries(tree: ast.Module) -> tuple[str, ...]:
+    """The PRELOADABLE libraries the script imports anywhere in its source."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return tuple(name for name in PRELOADABLE if name in found)
 
 
 def _device_option(tree: ast.Module) -> str | None:
@@ -180,4 +198,5 @@ def inspect_script(path: str) -> ScriptInfo:
         calls_backward=_calls_backward(tree),
         device_words=_device_words(tree),
         written_for_cuda=_written_for_cuda(tree, device_option),
+        libraries=_libraries(tree),
     )

@@ -37,6 +37,14 @@ def test_training_script_with_a_device_option(tmp_path):
     assert info.convention == TRAINING and info.device_option == "--device" and info.calls_backward
 
 
+def test_the_model_libraries_a_script_imports_are_found_wherever_it_imports_them(tmp_path):
+    info = inspect_script(write(tmp_path, "import torch, timm.models\nfrom transformers import AutoModel as A\n"
+                                          "def main():\n    from diffusers.models import UNet2DModel\n"
+                                          "from .torchvision import x\nimport numpy\nloss.backward()\n"))
+    assert info.libraries == ("timm", "transformers", "diffusers")  # a relative import is the script's own module
+    assert inspect_script(write(tmp_path, "import torch\nloss.backward()\n")).libraries == ()
+
+
 @pytest.mark.parametrize("text, message", [
     ("def f(:\n", r"script.py:1: syntax error"),
     ("def get_model(): pass\n", r"defines get_model\(\) but no get_inputs\(\)"),

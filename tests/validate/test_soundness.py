@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-
+from pathlib import Path
 
 from tests.conftest import REPO, run_cli
 from tests.validate.conftest import example
@@ -140,6 +140,16 @@ def test_a_script_that_names_the_neuron_device_is_checked_against_the_cpu(valida
     assert faulty.returncode == 1 and faulty.report["verdict"] == "not ready", faulty.stdout + faulty.stderr
     (numerics,) = faulty.findings("numerics", "error")
     assert "first diverging layer embed (Linear), op aten::addmm" in numerics["title"], numerics
+
+
+def test_every_side_has_the_model_library_the_script_imports_before_the_script_runs(validate):
+    # Imported once in each side's zygote, not in each of the check's sides (seconds each for transformers).
+    run = validate(script("imports_torchvision.py"))
+    assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
+    printed = {label: (folder / "stdout.txt").read_text() for folder in Path(run.out, "work").iterdir()
+               if (folder / "stdout.txt").exists() for label in [folder.name]}
+    assert {"reference", "target"} <= set(printed) and len(printed) >= 4, printed  # the band's sides too
+    assert all("imported before the script: True" in text for text in printed.values()), printed
 
 
 def test_the_functions_convention_imports_torch_neuronx_where_the_emulated_device_stands_in(validate):
