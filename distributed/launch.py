@@ -14,9 +14,12 @@ harness's distributed code once (:data:`PRELOAD`): a rank is then a fork of a
 process that never ran an op, not a fresh interpreter importing PyTorch again
 (about 4 s of CPU per rank, the bulk of a small case). The server is the
 worker's, with the worker's environment, which a worker never changes. A
-user's script gets fresh interpreters (``fresh=True``): its side's state, the
-reference side's hidden device included, must not come from a server that
-imported the device for another side.
+user's script's ranks (``fresh=True``) start from a server of their side's
+own, which imports PyTorch alone (:data:`SCRIPT_PRELOAD`) in that side's
+environment: its side's state, the reference side's hidden device included,
+must not come from a server that imported the device or the harness's code
+for another side or case. The side's process is a fresh one for that side
+alone (validate.run), so its server serves nothing else.
 """
 
 from __future__ import annotations
@@ -53,10 +56,16 @@ PRELOAD = ["torch", "torch.distributed", "emulator", "distributed.collectives", 
            "distributed.parity", "model_zoo"]
 
 
+# A user's script's ranks: PyTorch and what its first optimizer imports (torch._dynamo), nothing of the harness's.
+# Once for a side's ranks, where a fresh interpreter per rank imported them once each (4 s of CPU a rank).
+SCRIPT_PRELOAD = ["torch", "torch._dynamo", "torch.distributed"]
+
+
 def _start_method(fresh: bool) -> str:
-    if fresh or "forkserver" not in multiprocessing.get_all_start_methods():
+    if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
-    multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts, at the first launch
+    # read when the server starts, at the process's first launch
+    multiprocessing.set_forkserver_preload(SCRIPT_PRELOAD if fresh else PRELOAD)
     return "forkserver"
 
 
@@ -73,7 +82,8 @@ def start_fork_server() -> None:
 def run_ranks(fn: Callable[..., Any], world_size: int, *args, logs: str | None = None,
               fresh: bool = False) -> list[Any]:
     """``fn(*args)`` on ranks 0..world_size-1 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set); their results.
-    ``fresh``: each rank a new interpreter (spawn) rather than a fork of the preloaded server."""
+    ``fresh``: the ranks of a user's script, forked from a server that imported PyTorch alone, not the
+    harness's distributed code (:data:`SCRIPT_PRELOAD`)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
