@@ -52,8 +52,8 @@ def free_port() -> int:
 
 
 # Imported by the fork server before it forks any rank: what every rank needs, none of it running an op.
-PRELOAD = ["torch", "torch.distributed", "emulator", "distributed.collectives", "distributed.dtensor",
-           "distributed.parity", "model_zoo"]
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "emulator", "distributed.collectives",
+           "distributed.dtensor", "distributed.parity", "model_zoo"]
 
 
 # A user's script's ranks: PyTorch and what its first optimizer imports (torch._dynamo), nothing of the harness's.

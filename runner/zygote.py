@@ -117,6 +117,9 @@ def zygote_main(conn, settings: RunSettings) -> None:
         os.environ.pop(name, None)
     try:
         importlib.import_module("torch")  # with its device backends (the emulator's autoload)
+        # PyTorch imports dynamo at a process's first optimizer, custom op or manual_seed with a backend
+        # registered: 1.9 s of a core that every forked worker paid again in its first case.
+        importlib.import_module("torch._dynamo")
         from .executors import executor_for
 
         for kind in settings.warmup:

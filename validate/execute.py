@@ -328,15 +328,12 @@ def execute_script(case: Case, ctx) -> Outcome:
 
 
 def _preload_side() -> None:
-    """What a side imports at once, loaded before its worker is forked (runner.zygote), so that a check pays it
-    once for each side's zygote rather than in each of its eight sides: ``torch._dynamo``, which PyTorch imports
-    at a process's first optimizer, ``manual_seed`` or custom op (1.9 s of a core, nearly all of a small
-    script's side); the side's own recording modules; and the model libraries the script imports
+    """What a side imports at once, loaded before its worker is forked (runner.zygote, which has imported
+    torch and ``torch._dynamo``), so that a check pays it once for each side's zygote rather than in each of
+    its eight sides: the side's own recording modules, and the model libraries the script imports
     (:data:`PRELOAD_ENV`: transformers alone takes 3 s). One the script would fail to import is left to fail
     there, in the script's own words."""
     import importlib
-
-    import torch._dynamo  # noqa: F401
 
     from . import functions, training  # noqa: F401
 
