@@ -146,8 +146,8 @@ def test_every_side_has_the_model_library_the_script_imports_before_the_script_r
     # Imported once in each side's zygote, not in each of the check's sides (seconds each for transformers).
     run = validate(script("imports_torchvision.py"))
     assert run.returncode == 0 and run.report["verdict"] == "ready", run.stdout
-    printed = {label: (folder / "stdout.txt").read_text() for folder in Path(run.out, "work").iterdir()
-               if (folder / "stdout.txt").exists() for label in [folder.name]}
+    printed = {folder.name: (folder / "stdout.txt").read_text() for folder in Path(run.out, "work").iterdir()
+               if (folder / "stdout.txt").exists()}
     assert {"reference", "target"} <= set(printed) and len(printed) >= 4, printed  # the band's sides too
     assert all("imported before the script: True" in text for text in printed.values()), printed
 
