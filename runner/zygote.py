@@ -6,7 +6,9 @@ operator cases, the model libraries for the zoo): 3.5 s of a core when the
 machine is idle, 6 to 9 s when it is busy. A run pays that again for every
 replacement worker, reference probe, sides-apart rerun and fresh process; the
 test suite alone started some 400. A zygote is spawned once with the
-workers' environment, imports all that, and forks each worker from there.
+workers' environment, imports all that, and ``torch._dynamo``, which PyTorch
+would import in each worker at its first optimizer, custom op or seeding of
+a registered backend, and forks each worker from there.
 What a worker sets again as it starts (the emulated device's profile and
 faults, a build's compile cache: :data:`RUNTIME_ENV`) is left out of that
 environment, so runs that differ only there share one zygote.
