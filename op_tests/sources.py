@@ -17,6 +17,8 @@ import torch
 
 from conformance.case import Case
 
+from .catalogue import OpEntry, load_or_build
+
 DIRECTIONS = ("forward", "backward")
 DTYPE_NAMES = (
     "float32", "float64", "float16", "bfloat16", "complex32", "complex64", "complex128",
@@ -41,6 +43,27 @@ def op_db():
         warnings.simplefilter("ignore")
         from torch.testing._internal.common_methods_invocations import op_db as db
     return tuple(db)
+
+
+@functools.lru_cache(maxsize=1)
+def catalogue() -> dict[str, OpEntry]:
+    """What selecting cases needs of every OpInfo entry, by key in op_db's order (op_tests/catalogue.py): read
+    from the file kept for this torch, so that selecting does not import op_db (built from it the first time)."""
+    return {e.key: e for e in load_or_build(lambda: [entry_of(op) for op in op_db()])}
+
+
+def entry_of(op) -> OpEntry:
+    """An OpInfo entry as case selection sees it."""
+    from .strategies import STRATEGIES, strategy
+
+    dtypes = tuple(sorted(dtype_name(d) for d in op.supported_dtypes("cpu")))
+    return OpEntry(
+        key=op_key(op), name=op.name, variant=op.variant_test_name, dtypes=dtypes,
+        backward_dtypes=tuple(d for d in dtypes if supports_backward(op, getattr(torch, d))),
+        elementwise=elementwise_kind(op),
+        strategy_dtypes=tuple((name, direction, tuple(strategy(name).dtypes(op, dtypes, direction)))
+                              for name in STRATEGIES for direction in DIRECTIONS),
+    )
 
 
 def op_key(op) -> str:
@@ -74,7 +97,7 @@ def sample_seed(case: Case, index: int) -> int:
 def _unknown_message(pattern: str) -> str:
     import difflib
 
-    close = difflib.get_close_matches(pattern, list(op_index()), n=4)
+    close = difflib.get_close_matches(pattern, list(catalogue()), n=4)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     return f"no op matches {pattern!r}{hint}"
 
@@ -111,17 +134,17 @@ class OpSelection:
     strategies: tuple[str, ...] = ()  # input strategies (op_tests/strategies): () none; see STRATEGIES
 
 
-def select_ops(patterns=("*",), exclude=()) -> list:
-    """OpInfo entries whose key matches any pattern and no exclusion."""
-    keys = list(op_index())
+def select_ops(patterns=("*",), exclude=()) -> list[OpEntry]:
+    """The catalogue's entries whose key matches any pattern and no exclusion (op_db is not imported)."""
+    entries = catalogue()
     chosen = []
     for pattern in patterns:
-        matched = [k for k in keys if fnmatch.fnmatchcase(k, pattern)]
+        matched = [k for k in entries if fnmatch.fnmatchcase(k, pattern)]
         if not matched:
             raise UnknownOpError(_unknown_message(pattern))
         chosen.extend(matched)
     chosen = [k for k in dict.fromkeys(chosen) if not any(fnmatch.fnmatchcase(k, e) for e in exclude)]
-    return [op_index()[k] for k in chosen]
+    return [entries[k] for k in chosen]
 
 
 def op_cases(selection: OpSelection = OpSelection()) -> list[Case]:
@@ -131,19 +154,18 @@ def op_cases(selection: OpSelection = OpSelection()) -> list[Case]:
         if d not in DIRECTIONS:
             raise ValueError(f"unknown direction {d!r} (directions: {', '.join(DIRECTIONS)})")
     cases = []
-    for op in select_ops(selection.patterns, selection.exclude):
-        for dtype in sorted(op.supported_dtypes("cpu"), key=dtype_name):
-            name = dtype_name(dtype)
+    for entry in select_ops(selection.patterns, selection.exclude):
+        for name in entry.dtypes:
             if selection.dtypes and name not in selection.dtypes:
                 continue
             for direction in selection.directions:
-                if direction == "backward" and not supports_backward(op, dtype):
+                if direction == "backward" and name not in entry.backward_dtypes:
                     continue
                 config = {"source": "opinfo"}
                 if selection.max_samples:
                     config["max_samples"] = selection.max_samples
                 cases.append(
-                    Case(kind="op", name=op.name, category=op.variant_test_name, dtype=name, mode=direction,
+                    Case(kind="op", name=entry.name, category=entry.variant, dtype=name, mode=direction,
                          config=config, seed=selection.seed)
                 )
     return cases
@@ -168,17 +190,16 @@ def hypothesis_cases(selection: OpSelection = OpSelection()) -> list[Case]:
     if not selection.hypothesis_examples:
         return []
     cases = []
-    for op in select_ops(selection.patterns, selection.exclude):
-        if elementwise_kind(op) is None:
+    for entry in select_ops(selection.patterns, selection.exclude):
+        if entry.elementwise is None:
             continue
-        supported = {dtype_name(d) for d in op.supported_dtypes("cpu")}
         for name in HYPOTHESIS_DTYPES:
-            if name not in supported or (selection.dtypes and name not in selection.dtypes):
+            if name not in entry.dtypes or (selection.dtypes and name not in selection.dtypes):
                 continue
             for direction in selection.directions:
-                if direction == "backward" and not supports_backward(op, to_dtype(name)):
+                if direction == "backward" and name not in entry.backward_dtypes:
                     continue
-                cases.append(Case(kind="op", name=op.name, category=op.variant_test_name, dtype=name, mode=direction,
+                cases.append(Case(kind="op", name=entry.name, category=entry.variant, dtype=name, mode=direction,
                                   config={"source": "hypothesis", "examples": selection.hypothesis_examples},
                                   seed=selection.seed))
     return cases
@@ -196,18 +217,17 @@ def strategy_cases(selection: OpSelection = OpSelection()) -> list[Case]:
         if d not in DIRECTIONS:
             raise ValueError(f"unknown direction {d!r} (directions: {', '.join(DIRECTIONS)})")
     cases = []
-    for op in select_ops(selection.patterns, selection.exclude):
-        supported = tuple(sorted(dtype_name(d) for d in op.supported_dtypes("cpu")))
+    for entry in select_ops(selection.patterns, selection.exclude):
         for chosen_strategy in chosen:
-            if strategy_exclusion(op_key(op), chosen_strategy.name):
+            if strategy_exclusion(entry.key, chosen_strategy.name):
                 continue
             for direction in selection.directions:
-                for name in chosen_strategy.dtypes(op, supported, direction):
+                for name in entry.dtypes_for(chosen_strategy.name, direction):
                     if selection.dtypes and name not in selection.dtypes:
                         continue
-                    if direction == "backward" and not supports_backward(op, to_dtype(name)):
+                    if direction == "backward" and name not in entry.backward_dtypes:
                         continue
-                    cases.append(Case(kind="op", name=op.name, category=op.variant_test_name, dtype=name,
+                    cases.append(Case(kind="op", name=entry.name, category=entry.variant, dtype=name,
                                       mode=direction, config={"source": "family", "inputs": chosen_strategy.name},
                                       seed=selection.seed))
     return cases
