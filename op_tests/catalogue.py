@@ -28,6 +28,7 @@ from filelock import FileLock
 
 CACHE_ENV = "NEURON_VALIDATE_CACHE"
 PACKAGE = Path(__file__).parent
+KEEP = 4  # catalogues kept in the folder: two checkouts or torch builds side by side each keep theirs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,10 +102,16 @@ def _read(path: Path) -> list[OpEntry] | None:
 
 
 def _keep(path: Path, entries: list[OpEntry]) -> None:
-    """Writes the catalogue whole or not at all (a temporary file renamed), so that a reader never sees half."""
+    """Writes the catalogue whole or not at all (a temporary file renamed), so that a reader never sees half,
+    and removes all but the ``KEEP`` newest of the others (older torch builds or sources: 0.6 MB each)."""
     try:
         partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
         partial.write_text(json.dumps({"torch": torch.__version__, "ops": [asdict(e) for e in entries]}))
         os.replace(partial, path)
+        others = sorted((p for p in path.parent.glob("op-catalogue-*.json") if p != path),
+                        key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in others[KEEP - 1:]:
+            old.unlink(missing_ok=True)
+            old.with_name(old.name + ".lock").unlink(missing_ok=True)
     except OSError:
         pass  # a read-only home: the next command builds it again

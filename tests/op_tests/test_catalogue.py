@@ -4,9 +4,10 @@ and a selection made from it does not import the database."""
 from __future__ import annotations
 
 import json
+import os
 
-from op_tests.catalogue import CACHE_ENV, _read, catalogue_path
-from op_tests.sources import OpSelection, all_cases, catalogue, entry_of, op_db, op_key
+from op_tests.catalogue import CACHE_ENV, KEEP, _keep, _read, catalogue_path
+from op_tests.sources import OpSelection, all_cases, catalogue, entry_of, get_op, op_db, op_key
 from op_tests.strategies import STRATEGIES
 from tests.conftest import run_python
 
@@ -48,3 +49,18 @@ def test_a_catalogue_file_cut_short_or_of_another_shape_is_not_read(tmp_path, mo
     for broken in ("", text, text[:20], json.dumps({"ops": 3})):
         path.write_text(broken)
         assert _read(path) is None
+
+
+def test_keeping_a_catalogue_removes_all_but_the_newest_others(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    older = []
+    for n in range(6):
+        old = tmp_path / f"op-catalogue-{n:016x}.json"
+        old.write_text("{}")
+        os.utime(old, (1_000_000 + n, 1_000_000 + n))
+        older.append(old)
+    path = catalogue_path()
+    entries = [entry_of(get_op("tanh"))]
+    _keep(path, entries)
+    assert _read(path) == entries
+    assert sorted(tmp_path.glob("op-catalogue-*.json")) == sorted([path, *older[-(KEEP - 1):]])
