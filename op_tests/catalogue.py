@@ -10,8 +10,8 @@ So the catalogue is built once from op_db (sources.py) and kept as a JSON file, 
 file's name holds a digest of torch's version and of every file of this package (the strategies' dtype rules,
 the per-op rules, this module), so a new torch or a changed strategy builds a new catalogue and no stale one
 is ever read. It lives in ``$NEURON_VALIDATE_CACHE`` (default: ``$XDG_CACHE_HOME/neuron-validate``, else
-``~/.cache/neuron-validate``). A folder that cannot be written or a file that cannot be read costs the build,
-never the selection: the catalogue is then built in memory, as before it was kept.
+``~/.cache/neuron-validate``, else a folder of the user's in the temporary folder). A file that cannot be read
+is built again; a folder that cannot be written costs each command the build, never its selection.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -58,40 +59,48 @@ class OpEntry:
         )
 
 
-def cache_folder() -> Path:
+def cache_folders() -> list[Path]:
+    """Where catalogues are kept: ``$NEURON_VALIDATE_CACHE`` alone when set; else the user's cache folder, and a
+    folder of the user's in the temporary folder for a home that cannot be written (a CI container's)."""
     explicit = os.environ.get(CACHE_ENV)
     if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "neuron-validate"
+        return [Path(explicit)]
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "neuron-validate"
+    return [home, Path(tempfile.gettempdir()) / f"neuron-validate-{os.getuid()}"]
 
 
-def catalogue_path() -> Path:
-    """The catalogue's file for this torch and this version of op_tests."""
+def catalogue_name() -> str:
+    """The catalogue's file name for this torch and this version of op_tests."""
     digest = hashlib.sha256(f"{torch.__version__} {torch.version.git_version}".encode())
     for path in sorted(PACKAGE.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts:
             digest.update(str(path.relative_to(PACKAGE)).encode())
             digest.update(path.read_bytes())
-    return cache_folder() / f"op-catalogue-{digest.hexdigest()[:16]}.json"
+    return f"op-catalogue-{digest.hexdigest()[:16]}.json"
 
 
 def load_or_build(build: Callable[[], list[OpEntry]]) -> list[OpEntry]:
-    """The kept catalogue, or ``build()``'s, kept for the next command."""
-    path = catalogue_path()
-    kept = _read(path)
-    if kept is None:
+    """The kept catalogue, or ``build()``'s, kept for the next command in the first folder that takes it."""
+    name = catalogue_name()
+    built = None
+    for folder in cache_folders():
+        path = folder / name
+        kept = _read(path)
+        if kept is not None:
+            return kept
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(parents=True, exist_ok=True)
             # Commands started together (a CI job's shards, a test run's workers) build it once between them.
             with FileLock(str(path.with_name(path.name + ".lock")), timeout=600):
                 kept = _read(path)
-                if kept is None:
-                    kept = build()
-                    _keep(path, kept)
-        except OSError:  # no folder to lock in (a read-only home), or a lock held too long: build it here
-            if kept is None:
-                kept = build()
-    return kept
+                if kept is not None:
+                    return kept
+                built = built or build()
+                _keep(path, built)
+                return built
+        except OSError:  # a folder that cannot be written, or a lock held too long: the next folder
+            continue
+    return built or build()
 
 
 def _read(path: Path) -> list[OpEntry] | None:
@@ -102,16 +111,24 @@ def _read(path: Path) -> list[OpEntry] | None:
 
 
 def _keep(path: Path, entries: list[OpEntry]) -> None:
-    """Writes the catalogue whole or not at all (a temporary file renamed), so that a reader never sees half,
-    and removes all but the ``KEEP`` newest of the others (older torch builds or sources: 0.6 MB each)."""
+    """Writes the catalogue whole or not at all (a temporary file renamed), so that a reader never sees half."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
         partial.write_text(json.dumps({"torch": torch.__version__, "ops": [asdict(e) for e in entries]}))
         os.replace(partial, path)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        raise
+    _prune(path)
+
+
+def _prune(path: Path) -> None:
+    """Removes all but the ``KEEP`` newest catalogues beside ``path`` (older torch builds or sources: 0.6 MB each)."""
+    try:
         others = sorted((p for p in path.parent.glob("op-catalogue-*.json") if p != path),
                         key=lambda p: p.stat().st_mtime, reverse=True)
         for old in others[KEEP - 1:]:
             old.unlink(missing_ok=True)
             old.with_name(old.name + ".lock").unlink(missing_ok=True)
     except OSError:
-        pass  # a read-only home: the next command builds it again
+        pass  # another command pruned them first

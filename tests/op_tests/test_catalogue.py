@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
-from op_tests.catalogue import CACHE_ENV, KEEP, _keep, _read, catalogue_path
+from op_tests.catalogue import CACHE_ENV, KEEP, _keep, _read, cache_folders, catalogue_name, load_or_build
 from op_tests.sources import OpSelection, all_cases, catalogue, entry_of, get_op, op_db, op_key
 from op_tests.strategies import STRATEGIES
 from tests.conftest import run_python
@@ -14,7 +15,7 @@ from tests.conftest import run_python
 
 def test_the_kept_file_holds_what_op_db_says_of_each_op():
     catalogue()  # read, or built and kept
-    on_disk = _read(catalogue_path())
+    on_disk = next(filter(None, (_read(folder / catalogue_name()) for folder in cache_folders())), None)
     assert on_disk is not None
     kept = {e.key: e for e in on_disk}
     assert list(kept) == [op_key(op) for op in op_db()]
@@ -43,8 +44,8 @@ def test_a_selection_reads_the_kept_file_and_leaves_op_db_unimported():
 
 def test_a_catalogue_file_cut_short_or_of_another_shape_is_not_read(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    path = catalogue_path()
-    assert path.parent == tmp_path
+    assert cache_folders() == [tmp_path]
+    path = tmp_path / catalogue_name()
     text = json.dumps({"ops": [{"key": "tanh", "name": "tanh"}]})
     for broken in ("", text, text[:20], json.dumps({"ops": 3})):
         path.write_text(broken)
@@ -59,8 +60,28 @@ def test_keeping_a_catalogue_removes_all_but_the_newest_others(tmp_path, monkeyp
         old.write_text("{}")
         os.utime(old, (1_000_000 + n, 1_000_000 + n))
         older.append(old)
-    path = catalogue_path()
+    path = tmp_path / catalogue_name()
     entries = [entry_of(get_op("tanh"))]
     _keep(path, entries)
     assert _read(path) == entries
     assert sorted(tmp_path.glob("op-catalogue-*.json")) == sorted([path, *older[-(KEEP - 1):]])
+
+
+def test_a_home_that_cannot_be_written_keeps_it_in_the_temporary_folder(tmp_path, monkeypatch):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    entries = [entry_of(get_op("tanh")), entry_of(get_op("add"))]
+    builds = []
+
+    def build():
+        builds.append(1)
+        return entries
+
+    assert load_or_build(build) == entries
+    assert load_or_build(build) == entries  # read back from the temporary folder, not built again
+    assert len(builds) == 1
+    assert [p.parent.name for p in (tmp_path / "tmp").glob("*/op-catalogue-*.json")] == [f"neuron-validate-{os.getuid()}"]
