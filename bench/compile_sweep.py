@@ -40,9 +40,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _ops(every: int) -> tuple[list[str], int]:
-    from op_tests.sources import op_db
+    from op_tests.sources import catalogue
 
-    names = sorted({op.name for op in op_db()})
+    names = sorted({entry.name for entry in catalogue().values()})
     return names[::every], len(names)
 
 

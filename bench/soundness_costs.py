@@ -53,9 +53,9 @@ def main() -> None:
                         help="also time shard 1/N of the full sweep under neuron:compile, -j 2")
     args = parser.parse_args()
 
-    from op_tests.sources import OpSelection, all_cases, op_cases, op_db
+    from op_tests.sources import OpSelection, all_cases, catalogue, op_cases
 
-    names = sorted({op.name for op in op_db()})
+    names = sorted({entry.name for entry in catalogue().values()})
     step = max(1, len(names) // args.ops)
     chosen = tuple(names[::step][: args.ops])
     cases = op_cases(OpSelection(patterns=chosen, dtypes=("float32",), max_samples=args.max_samples,
