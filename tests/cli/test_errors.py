@@ -16,6 +16,7 @@ from tests.conftest import run_cli
     (["--emulator-profile", "exactt"], "unknown emulator profile 'exactt'; did you mean exact?"),
     (["--emulator-profile", "exact:auto_cast=often"], "auto_cast='often'"),
     (["--ops", "no_such_op"], "no op matches 'no_such_op'"),
+    (["--ops", "tahn"], "no op matches 'tahn'; did you mean tan, tanh, atan, atanh?"),  # from the catalogue
     (["--dtypes", "float33"], "unknown dtype 'float33'"),
     (["--shard", "3/2"], "--shard '3/2'"),
     (["-j", "0"], "must be at least 1"),
