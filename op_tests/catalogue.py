@@ -95,12 +95,12 @@ def load_or_build(build: Callable[[], list[OpEntry]]) -> list[OpEntry]:
                 kept = _read(path)
                 if kept is not None:
                     return kept
-                built = built or build()
+                built = build() if built is None else built
                 _keep(path, built)
                 return built
         except OSError:  # a folder that cannot be written, or a lock held too long: the next folder
             continue
-    return built or build()
+    return build() if built is None else built
 
 
 def _read(path: Path) -> list[OpEntry] | None:

@@ -52,8 +52,7 @@ def test_a_catalogue_file_cut_short_or_of_another_shape_is_not_read(tmp_path, mo
         assert _read(path) is None
 
 
-def test_keeping_a_catalogue_removes_all_but_the_newest_others(tmp_path, monkeypatch):
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+def test_keeping_a_catalogue_removes_all_but_the_newest_others(tmp_path):
     older = []
     for n in range(6):
         old = tmp_path / f"op-catalogue-{n:016x}.json"
