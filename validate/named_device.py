@@ -102,10 +102,12 @@ class _HostStream:
 
 
 class _HostEvent:
-    """A device event on the CPU: complete once recorded, timed by the host's clock (``elapsed_time`` in ms)."""
+    """A device event on the CPU: complete once recorded, timed by the host's clock (``elapsed_time`` in ms), with
+    CUDA's errors (and the emulated device's) for an event never recorded or made without timing."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
         self._at: float | None = None
+        self._timing = enable_timing
 
     def record(self, stream=None) -> None:
         import time
@@ -123,7 +125,9 @@ class _HostEvent:
 
     def elapsed_time(self, end: "_HostEvent") -> float:
         if self._at is None or end._at is None:
-            raise RuntimeError("elapsed_time: both events must be recorded first")
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
+        if not (self._timing and end._timing):
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
         return (end._at - self._at) * 1000.0
 
 

@@ -13,6 +13,7 @@
 
 #include <malloc.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -116,7 +117,15 @@ void set_current_device(c10::DeviceIndex index) {
 
 namespace {
 
-// The device executes synchronously, so streams and events are trivial.
+// The device executes synchronously, so streams are trivial and an event is complete once recorded. An
+// event is timed by the host's clock when it is recorded (which, with synchronous work, is when the work
+// before it is done): a script that times its steps with torch.cuda.Event(enable_timing=True) gets real
+// milliseconds, and CUDA's errors for events never recorded or made without timing.
+struct HostEvent {
+  std::chrono::steady_clock::time_point at;
+  bool timing;
+};
+
 struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kDevice; }
   c10::Device exchangeDevice(c10::Device d) const override {
@@ -138,8 +147,13 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getStream(d); }
   c10::Stream exchangeStream(c10::Stream s) const override { return getStream(s.device()); }
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
-  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
-  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<HostEvent*>(event);
+  }
+  void record(void** event, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag flag) const override {
+    if (*event == nullptr) *event = new HostEvent{{}, flag == c10::EventFlag::BACKEND_DEFAULT};
+    static_cast<HostEvent*>(*event)->at = std::chrono::steady_clock::now();
+  }
   void block(void*, const c10::Stream&) const override {}
   bool queryEvent(void*) const override { return true; }
   bool queryStream(const c10::Stream&) const override { return true; }
@@ -147,7 +161,14 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void synchronizeEvent(void*) const override {}
   void synchronizeDevice(const c10::DeviceIndex) const override {}
   void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
-  double elapsedTime(void*, void*, const c10::DeviceIndex) const override { return 0.0; }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr, "Both events must be recorded before calculating elapsed time.");
+    auto* first = static_cast<HostEvent*>(start);
+    auto* last = static_cast<HostEvent*>(end);
+    TORCH_CHECK(first->timing && last->timing,
+                "Both events must be created with argument 'enable_timing=True'.");
+    return std::chrono::duration<double, std::milli>(last->at - first->at).count();
+  }
 };
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);

@@ -90,6 +90,29 @@ def test_torch_accelerator(neuron):
     assert torch.accelerator.current_device_index() == 0
 
 
+def test_timing_events_measure_the_work_between_them(neuron):
+    """``torch.cuda.Event(enable_timing=True)`` timing of a training step, as public scripts log images a second:
+    an event is timed when recorded (the device works synchronously), never 0 ms, and misuse raises as on
+    CUDA."""
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    x = torch.randn(256, 256, device=neuron)
+    start.record()
+    for _ in range(20):
+        x = torch.tanh(x @ x)
+    end.record()
+    end.synchronize()
+    assert start.query() and end.query()
+    assert start.elapsed_time(end) > 0.0
+    stream_event = torch.neuron.current_stream().record_event(torch.neuron.Event(enable_timing=True))
+    assert start.elapsed_time(stream_event) >= start.elapsed_time(end)
+    with pytest.raises(ValueError, match="must be recorded"):
+        start.elapsed_time(torch.neuron.Event(enable_timing=True))
+    untimed = torch.neuron.Event()
+    untimed.record()
+    with pytest.raises(ValueError, match="enable_timing=True"):
+        start.elapsed_time(untimed)
+
+
 def test_autocast_on_the_device(neuron):
     a = torch.randn(4, 4, device=neuron)
     with torch.autocast(device_type="neuron", dtype=torch.bfloat16):

@@ -2,7 +2,8 @@
 
 ``torch.cuda.is_available()`` picks the device, ``torch.cuda.manual_seed``, cudnn's benchmark flag, float16
 autocast for "cuda" with the deprecated ``torch.cuda.amp.GradScaler``, ``.cuda()`` for the labels,
-``torch.cuda.synchronize()`` and the peak memory at the end."""
+each step timed with ``torch.cuda.Event(enable_timing=True)`` for its images a second, ``torch.cuda.synchronize()``
+and the peak memory at the end."""
 import argparse
 
 import torch
@@ -36,7 +37,11 @@ model = Net().to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 scaler = torch.cuda.amp.GradScaler(enabled=use_cuda)
 images, labels = torch.randn(96, 1, 28, 28), torch.randint(0, 10, (96,))
+if use_cuda:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 for step in range(args.steps):
+    if use_cuda:
+        start.record()
     data = images[step * 8 % 96:][:8].to(device, non_blocking=True)
     target = labels[step * 8 % 96:][:8].cuda() if use_cuda else labels[step * 8 % 96:][:8]
     with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=use_cuda):
@@ -45,6 +50,10 @@ for step in range(args.steps):
     scaler.scale(loss).backward()
     scaler.step(opt)
     scaler.update()
+    if use_cuda:
+        end.record()
+        end.synchronize()
+        print(f"step {step}: {len(data) / (start.elapsed_time(end) / 1000):.0f} images/s")
 if use_cuda:
     torch.cuda.synchronize()
     print(f"peak memory {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB")
