@@ -14,6 +14,8 @@ So while the script runs, the device type it names (``name``) means the side's o
   nothing to synchronize, no device memory, streams that run in order and events timed by the host's
   clock), ``torch.cuda`` answered by the target's own device module on the
   target (``torch.cuda.is_available()`` is True on every side, so every side takes the script's CUDA branch);
+  what scripts print about memory (``mem_get_info``, ``memory_summary``, ``memory_stats``) and the NVTX
+  ranges they mark are answered on a side whose device module lacks them;
 * a function mode over every torch call makes device arguments naming it, and the tensor method of its name
   (``x.neuron()``, ``x.cuda()``), name the side's device (diff.sides.device_named_as);
 * autocast and ``GradScaler`` for it are the side's device's.
@@ -64,7 +66,8 @@ def _cpu_answers(torch) -> dict:
                                                    "reset_peak_memory_stats", "manual_seed", "manual_seed_all",
                                                    "seed")}
     answers.update({name: _returning(0) for name in ("current_device", "memory_allocated", "max_memory_allocated",
-                                                     "memory_reserved")})
+                                                     "memory_reserved", "max_memory_reserved")})
+    answers.update(_memory_report(torch, lambda: 0, lambda: 0))
     answers.update({name: _returning(True) for name in ("is_available", "is_initialized", "is_bf16_supported")})
     answers.update(device_count=_returning(1), get_device_name=_returning("cpu"), device=_NoDevice,
                    get_device_capability=_returning(_NO_CAPABILITY),
@@ -75,6 +78,31 @@ def _cpu_answers(torch) -> dict:
                    Stream=_HostStream, Event=_HostEvent, current_stream=_calling(_HostStream),
                    default_stream=_calling(_HostStream), stream=lambda stream=None: contextlib.nullcontext())
     return answers
+
+
+def _host_memory() -> tuple[int, int]:
+    """(available, total) bytes of the host's memory, which is the memory of the CPU and the emulated device."""
+    import os
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+
+def _memory_report(torch, allocated, peak) -> dict:
+    """What scripts print about device memory (``mem_get_info``, ``memory_stats``, ``memory_summary``) and the
+    profiler ranges they mark (``torch.cuda.nvtx``), for a side whose device module has none of them: from its
+    bytes ``allocated`` and ``peak`` now, and the host's memory. None changes what a side computes; without
+    them such a script failed on a side for want of CUDA ("Found no NVIDIA driver") and was never checked."""
+    def summary(device=None, abbreviated: bool = False) -> str:
+        return (f"memory of {torch.cuda.get_device_name()}: {allocated() / 2**20:.1f} MiB allocated, "
+                f"{peak() / 2**20:.1f} MiB at the peak")
+
+    nvtx = types.SimpleNamespace(range_push=lambda msg: 0, range_pop=lambda: 0, mark=lambda msg: None,
+                                 range_start=lambda msg: 0, range_end=lambda range_id: None,
+                                 range=lambda msg, *args, **kwargs: contextlib.nullcontext())
+    return {"mem_get_info": lambda device=None: _host_memory(), "memory_summary": summary, "nvtx": nvtx,
+            "memory_stats": lambda device=None: {"allocated_bytes.all.current": allocated(),
+                                                 "allocated_bytes.all.peak": peak()}}
 
 
 class _HostStream:
@@ -137,8 +165,12 @@ def _device_answers(torch, device) -> dict:
     answers = {name: _returning(True) for name in ("is_available", "is_initialized", "is_bf16_supported")}
     answers.update(device=_NoDevice, get_device_name=_returning(f"{device.type} (standing in for cuda)"),
                    get_device_capability=_returning(_NO_CAPABILITY))
+    allocated = getattr(module, "memory_allocated", _returning(0))
+    peak = getattr(module, "max_memory_allocated", allocated)
+    answers.update(_memory_report(torch, allocated, peak), memory_reserved=allocated, max_memory_reserved=peak)
     for name in ("device_count", "current_device", "set_device", "synchronize", "empty_cache",
-                 "reset_peak_memory_stats", "memory_allocated", "max_memory_allocated", "manual_seed",
+                 "reset_peak_memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
+                 "max_memory_reserved", "mem_get_info", "memory_stats", "memory_summary", "manual_seed",
                  "manual_seed_all", "seed", "initial_seed", "get_rng_state", "set_rng_state", "current_stream",
                  "default_stream"):
         if hasattr(module, name):

@@ -311,6 +311,24 @@ with script_device(torch, "cuda", "cpu"):
         out = model(torch.ones(1, 4).cuda(non_blocking=True))
     assert model.weight.device.type == "cpu" and out.dtype == torch.bfloat16
     assert torch.cuda.amp.GradScaler()._device == "cpu"
+    free, total = torch.cuda.mem_get_info()  # what public scripts print about memory, and their profiler ranges
+    assert 0 < free <= total and torch.cuda.max_memory_reserved() == 0 and "0.0 MiB" in torch.cuda.memory_summary()
+    torch.cuda.nvtx.range_push("step")
+    torch.cuda.nvtx.range_pop()
+    with torch.cuda.nvtx.range("step"):
+        pass
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    end.record()
+    assert start.elapsed_time(end) >= 0.0
+    untimed = torch.cuda.Event()
+    untimed.record()
+    try:
+        start.elapsed_time(untimed)
+    except ValueError as exc:
+        assert "enable_timing=True" in str(exc)
+    else:
+        raise AssertionError("an event made without timing has no elapsed time, as on CUDA")
 assert not torch.cuda.is_available()
 print("ok")
 """

@@ -2,7 +2,8 @@
 
 ``torch.cuda.is_available()`` picks the device, ``torch.cuda.manual_seed``, cudnn's benchmark flag, float16
 autocast for "cuda" with the deprecated ``torch.cuda.amp.GradScaler``, ``.cuda()`` for the labels,
-each step timed with ``torch.cuda.Event(enable_timing=True)`` for its images a second, ``torch.cuda.synchronize()``
+each step timed with ``torch.cuda.Event(enable_timing=True)`` for its images a second and marked with an NVTX
+range, the device's free memory from ``torch.cuda.mem_get_info()``, ``torch.cuda.synchronize()``
 and the peak memory at the end."""
 import argparse
 
@@ -42,6 +43,7 @@ if use_cuda:
 for step in range(args.steps):
     if use_cuda:
         start.record()
+        torch.cuda.nvtx.range_push(f"step {step}")
     data = images[step * 8 % 96:][:8].to(device, non_blocking=True)
     target = labels[step * 8 % 96:][:8].cuda() if use_cuda else labels[step * 8 % 96:][:8]
     with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=use_cuda):
@@ -51,10 +53,13 @@ for step in range(args.steps):
     scaler.step(opt)
     scaler.update()
     if use_cuda:
+        torch.cuda.nvtx.range_pop()
         end.record()
         end.synchronize()
         print(f"step {step}: {len(data) / (start.elapsed_time(end) / 1000):.0f} images/s")
 if use_cuda:
     torch.cuda.synchronize()
-    print(f"peak memory {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB")
+    free, total = torch.cuda.mem_get_info()
+    print(f"peak memory {torch.cuda.max_memory_allocated() / 2**20:.1f} MiB, "
+          f"{torch.cuda.max_memory_reserved() / 2**20:.1f} MiB reserved, {free / 2**30:.1f} of {total / 2**30:.1f} GiB free")
 print(f"loss {loss.item():.4f}")
