@@ -179,6 +179,10 @@ class _DeviceRedirect(TorchFunctionMode):
         kwargs = kwargs or {}
         if args and isinstance(args[0], torch.Tensor) and getattr(func, "__name__", "") == self.from_type:
             return args[0].to(self.to, non_blocking=bool(kwargs.get("non_blocking", False)))  # x.cuda(0)
+        if type(kwargs.get("device")) is int:  # a device index names the script's accelerator: its device type
+            kwargs = {**kwargs, "device": self.to}
+        if func is torch.Tensor.to and len(args) > 1 and type(args[1]) is int:  # x.to(local_rank)
+            args = (args[0], self.to, *args[2:])
         return func(*(self._swap(a) for a in args), **{k: self._swap(v) for k, v in kwargs.items()})
 
 

@@ -265,6 +265,9 @@ def _observe_rank(config: dict) -> dict:
         return json_ready(observe(spec, lambda **event: None))
 
 
+EMULATOR_DEVICES_ENV = "NEURON_VALIDATE_EMULATOR_DEVICES"  # the emulated device's count (emulator/csrc/runtime.cpp)
+
+
 def observe_ranks(spec: ChildSpec, progress) -> dict:
     """A side of ``--nproc N``: the script on N ranks (RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous set,
     as torchrun sets them); rank 0's observations, with the loss curve averaged over the ranks (each rank's
@@ -272,6 +275,10 @@ def observe_ranks(spec: ChildSpec, progress) -> dict:
     from distributed.launch import RankFailure, run_ranks
 
     progress(side=spec.side, phase=f"run on {spec.nproc} ranks")
+    # A device per rank, as on a Trainium host's NeuronCores: a script takes device LOCAL_RANK
+    # (torch.cuda.set_device(local_rank), .to(local_rank)), which one emulated device shared by every rank lacks.
+    saved = os.environ.get(EMULATOR_DEVICES_ENV)
+    os.environ[EMULATOR_DEVICES_ENV] = str(max(spec.nproc, int(saved or 1)))  # the ranks' fork server reads it
     try:
         ranks = run_ranks(_observe_rank, spec.nproc, spec.to_config(), logs=os.path.join(spec.out, "ranks"),
                           fresh=True)
@@ -279,6 +286,11 @@ def observe_ranks(spec: ChildSpec, progress) -> dict:
         return {"convention": "training", "notes": [], "side": spec.side,
                 spec.side: {"ran": False, "error": {"type": failure.message.split(":")[0], "message": str(failure),
                                                     "source": None, "phase": "run", "import_error": False}}}
+    finally:
+        if saved is None:
+            os.environ.pop(EMULATOR_DEVICES_ENV, None)
+        else:
+            os.environ[EMULATOR_DEVICES_ENV] = saved
     observations = ranks[0]
     curves = [(r.get(spec.side) or {}).get("curve") for r in ranks]
     side = observations.get(spec.side) or {}

@@ -175,10 +175,19 @@ def _device_answers(torch, device) -> dict:
                  "default_stream"):
         if hasattr(module, name):
             answers[name] = _calling(getattr(module, name), "cuda", device)
-    for name in ("Stream", "Event", "stream"):  # made by a function of their own (see _returning)
+    for name in ("Stream", "Event"):  # classes: PyTorch asks isinstance(obj, torch.cuda.Event) of what it pickles
         if hasattr(module, name):
-            answers[name] = _calling(getattr(module, name), "cuda", device)
+            answers[name] = _made_by(_calling(getattr(module, name), "cuda", device), name)
+    if hasattr(module, "stream"):
+        answers["stream"] = _calling(module.stream, "cuda", device)
     return answers
+
+
+def _made_by(make, name: str) -> type:
+    """A class of its own whose construction returns ``make(...)``: ``torch.cuda.Event`` answered by the side's
+    device module must stay a type, for PyTorch's own ``isinstance`` checks (DDP's gradient futures pickle
+    their values past one: "isinstance() arg 2 must be a type" failed every CUDA script's DDP backward)."""
+    return type(name, (), {"__new__": lambda cls, *args, **kwargs: make(*args, **kwargs)})
 
 
 class _NoDevice:
@@ -258,6 +267,61 @@ def _amp_for(torch, name: str, device_type: str):
         yield
 
 
+def _collectives_for(torch, name: str, device) -> dict:
+    """``torch.distributed``'s group makers with ``nccl`` (CUDA's collectives, what a script written for CUDA
+    asks for) taken for the side's own backend: gloo on the CPU, the target's for its device type with gloo
+    for CPU tensors (distributed/backends.py). A script's other backends are left as it names them. Without
+    this, PyTorch's own DDP tutorial failed on the reference: "ProcessGroupNCCL is only supported with GPUs".
+    A script for another device type names no nccl: nothing changes."""
+    import torch.distributed as dist
+
+    from distributed.backends import backend_for
+
+    if name != "cuda" or not dist.is_available():
+        return {}
+    own = "gloo" if device.type == "cpu" else f"cpu:gloo,{device.type}:{backend_for(device.type)}"
+
+    def taken(backend):
+        return own if isinstance(backend, str) and "nccl" in backend.lower() else backend
+
+    def with_backend(fn, position: int):  # the backend's position among fn's arguments
+        def call(*args, **kwargs):
+            if "backend" in kwargs:
+                kwargs["backend"] = taken(kwargs["backend"])
+            elif len(args) > position:
+                args = (*args[:position], taken(args[position]), *args[position + 1:])
+            return fn(*args, **kwargs)
+
+        return call
+
+    return {"init_process_group": with_backend(dist.init_process_group, 0),
+            "new_group": with_backend(dist.new_group, 2)}  # new_group(ranks, timeout, backend)
+
+
+@contextlib.contextmanager
+def _ddp_on_the_sides_device(torch, name: str):
+    """``DistributedDataParallel(model, device_ids=[local_rank])``, as CUDA scripts wrap their model: the ids
+    name CUDA devices, and a rank's is the side's device for that rank. They become the module's own device:
+    none on the CPU (DDP takes a CPU module only without ids; without this the reference refused the module),
+    its index elsewhere."""
+    if name != "cuda" or not torch.distributed.is_available():
+        yield
+        return
+    from torch.nn.parallel import DistributedDataParallel
+
+    init = DistributedDataParallel.__init__
+
+    def init_on_modules_device(self, module, device_ids=None, output_device=None, *args, **kwargs):
+        if device_ids is not None or output_device is not None:
+            where = next((p.device for p in module.parameters()), torch.device("cpu"))
+            device_ids = None if where.type == "cpu" else [where.index or 0]
+            output_device = None
+        return init(self, module, device_ids, output_device, *args, **kwargs)
+
+    with _patched(DistributedDataParallel, {"__init__": init_on_modules_device}):
+        yield
+
+
 @contextlib.contextmanager
 def script_device(torch, name: str | None, device):
     """While the script runs on a side whose device is ``device``, the device type ``name`` means it."""
@@ -280,7 +344,10 @@ def script_device(torch, name: str | None, device):
         patched = contextlib.nullcontext()
     else:
         patched = _patched(module, _outside_torch(module, answers))
-    with patched, _amp_for(torch, name, device.type), device_named_as(device, name):
+    collectives = _collectives_for(torch, name, device)
+    with patched, _amp_for(torch, name, device.type), device_named_as(device, name), \
+            (_patched(torch.distributed, collectives) if collectives else contextlib.nullcontext()), \
+            _ddp_on_the_sides_device(torch, name):
         yield
 
 

@@ -203,7 +203,8 @@ def _script_device(options: ValidateOptions, names: Callable[[str], bool], *, cu
     return "cuda" if cuda and device != "cuda" else None
 
 
-_NO_CUDA = ("nvidia driver", "torch not compiled with cuda", "no cuda gpus are available", "cuda is not available")
+_NO_CUDA = ("nvidia driver", "torch not compiled with cuda", "no cuda gpus are available", "cuda is not available",
+            "processgroupnccl is only supported with gpus")
 
 
 def _reference_error(data: dict | None) -> str:

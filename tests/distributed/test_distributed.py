@@ -9,11 +9,13 @@ comparison alone, with the right outcome.
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 from tests.conftest import run_cli
 
 EXACT = {"NEURON_VALIDATE_EMULATOR_PROFILE": "exact"}
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "validate", "scripts")
 
 
 def _run(tmp, *args, faults: str = "", env: dict | None = None) -> dict[str, dict]:
@@ -115,6 +117,27 @@ def test_bad_options_are_one_line_errors(tmp_path):
         result = run_cli("neuron-conformance", "distributed", "--results", str(tmp_path / "r"), *args)
         assert result.returncode == 2 and text in result.stderr, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_pytorchs_cuda_ddp_tutorial_is_checked_on_two_ranks_with_cuda_taken_for_each_sides_device(tmp_path):
+    """nccl, ``torch.cuda.set_device(local_rank)``, ``.to(local_rank)`` and ``device_ids=[local_rank]``: the
+    reference failed ("ProcessGroupNCCL is only supported with GPUs"), then DDP refused the CPU module with
+    ids, and rank 1 asked for emulated device 1 of 1. Each side now takes them for its own (gloo on the CPU, a
+    device per rank on the emulated one), and a 5% matmul fault on the target is still caught."""
+    script = os.path.join(SCRIPTS, "ddp_written_for_cuda.py")
+    with ThreadPoolExecutor(2) as pool:
+        clean_run = pool.submit(run_cli, "neuron-validate", "--nproc", "2", script, "--out", str(tmp_path / "clean"),
+                                "--json", "--results", str(tmp_path / "runs"))
+        faulty_run = pool.submit(run_cli, "neuron-validate", "--nproc", "2", script, "--out", str(tmp_path / "bad"),
+                                 "--json", "--results", str(tmp_path / "runs-bad"),
+                                 env={**EXACT, "NEURON_VALIDATE_FAULTS": "perturb@aten::addmm,rel=0.05"})
+    clean, faulty = clean_run.result(), faulty_run.result()
+    assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
+    report = json.loads(clean.stdout)
+    assert report["verdict"] == "ready with warnings" and report["curves"]["ok"] and report["curves"]["steps"] == 8
+    assert [f["check"] for f in report["findings"] if f["severity"] == "warning"] == ["device-choice"]
+    assert faulty.returncode == 1, faulty.stdout[-2000:] + faulty.stderr[-2000:]
+    assert json.loads(faulty.stdout)["verdict"] == "not ready" and not json.loads(faulty.stdout)["curves"]["ok"]
 
 
 def test_a_torchrun_style_fsdp2_script_is_checked_on_two_ranks(tmp_path):
