@@ -67,7 +67,7 @@ def _cpu_answers(torch) -> dict:
                                                    "seed")}
     answers.update({name: _returning(0) for name in ("current_device", "memory_allocated", "max_memory_allocated",
                                                      "memory_reserved", "max_memory_reserved")})
-    answers.update(_memory_report(torch, lambda: 0, lambda: 0))
+    answers.update(_memory_report("cpu", lambda: 0, lambda: 0))
     answers.update({name: _returning(True) for name in ("is_available", "is_initialized", "is_bf16_supported")})
     answers.update(device_count=_returning(1), get_device_name=_returning("cpu"), device=_NoDevice,
                    get_device_capability=_returning(_NO_CAPABILITY),
@@ -88,13 +88,14 @@ def _host_memory() -> tuple[int, int]:
     return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
 
-def _memory_report(torch, allocated, peak) -> dict:
+def _memory_report(label: str, allocated, peak) -> dict:
     """What scripts print about device memory (``mem_get_info``, ``memory_stats``, ``memory_summary``) and the
     profiler ranges they mark (``torch.cuda.nvtx``), for a side whose device module has none of them: from its
-    bytes ``allocated`` and ``peak`` now, and the host's memory. None changes what a side computes; without
-    them such a script failed on a side for want of CUDA ("Found no NVIDIA driver") and was never checked."""
+    bytes ``allocated`` and ``peak`` now, and the host's memory (``label``: the device the summary names). None
+    changes what a side computes; without them such a script failed on a side for want of CUDA ("Found no
+    NVIDIA driver") and was never checked."""
     def summary(device=None, abbreviated: bool = False) -> str:
-        return (f"memory of {torch.cuda.get_device_name()}: {allocated() / 2**20:.1f} MiB allocated, "
+        return (f"memory of {label}: {allocated() / 2**20:.1f} MiB allocated, "
                 f"{peak() / 2**20:.1f} MiB at the peak")
 
     nvtx = types.SimpleNamespace(range_push=lambda msg: 0, range_pop=lambda: 0, mark=lambda msg: None,
@@ -167,7 +168,7 @@ def _device_answers(torch, device) -> dict:
                    get_device_capability=_returning(_NO_CAPABILITY))
     allocated = getattr(module, "memory_allocated", _returning(0))
     peak = getattr(module, "max_memory_allocated", allocated)
-    answers.update(_memory_report(torch, allocated, peak), memory_reserved=allocated, max_memory_reserved=peak)
+    answers.update(_memory_report(str(device), allocated, peak), memory_reserved=allocated, max_memory_reserved=peak)
     for name in ("device_count", "current_device", "set_device", "synchronize", "empty_cache",
                  "reset_peak_memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
                  "max_memory_reserved", "mem_get_info", "memory_stats", "memory_summary", "manual_seed",

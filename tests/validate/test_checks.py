@@ -290,6 +290,7 @@ with script_device(torch, "neuron", "cpu"):
     assert layer.weight.device.type == "cpu" and y.device.type == "cpu" and out.dtype == torch.bfloat16
     torch.neuron.synchronize()
     assert torch.neuron.device_count() == 1 and torch.neuron.max_memory_allocated() == 0
+    assert torch.neuron.memory_summary().startswith("memory of cpu")
     assert torch.ones(2).neuron().device.type == "cpu" and layer.neuron().weight.device.type == "cpu"
     start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
     start.record()
@@ -312,7 +313,7 @@ with script_device(torch, "cuda", "cpu"):
     assert model.weight.device.type == "cpu" and out.dtype == torch.bfloat16
     assert torch.cuda.amp.GradScaler()._device == "cpu"
     free, total = torch.cuda.mem_get_info()  # what public scripts print about memory, and their profiler ranges
-    assert 0 < free <= total and torch.cuda.max_memory_reserved() == 0 and "0.0 MiB" in torch.cuda.memory_summary()
+    assert 0 < free <= total and torch.cuda.max_memory_reserved() == 0 and "memory of cpu: 0.0 MiB" in torch.cuda.memory_summary()
     torch.cuda.nvtx.range_push("step")
     torch.cuda.nvtx.range_pop()
     with torch.cuda.nvtx.range("step"):
