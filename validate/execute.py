@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -262,7 +263,20 @@ def _observe_rank(config: dict) -> dict:
     spec = ChildSpec.from_config(config)
     rank = os.environ.get("RANK", "0")
     with _own_working_directory(os.path.join(spec.out, f"rank{rank}")):
-        return json_ready(observe(spec, lambda **event: None))
+        observations = json_ready(observe(spec, lambda **event: None))
+    error = (observations.get(spec.side) or {}).get("error")
+    if error and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # The others may wait for this rank, in the group's rendezvous or a collective, until the group's
+        # timeout (30 min): as under torchrun, a rank whose script failed fails, and the launcher stops the
+        # others. What it observed goes to the side's report from its file.
+        with open(_failed_rank_file(spec.out, rank), "w") as f:
+            json.dump(observations, f)
+        raise RuntimeError(f"{error.get('type', 'Error')}: {error.get('message', '')}")
+    return observations
+
+
+def _failed_rank_file(out: str, rank) -> str:
+    return os.path.join(out, f"rank{rank}-failed.json")
 
 
 EMULATOR_DEVICES_ENV = "NEURON_VALIDATE_EMULATOR_DEVICES"  # the emulated device's count (emulator/csrc/runtime.cpp)
@@ -283,9 +297,23 @@ def observe_ranks(spec: ChildSpec, progress) -> dict:
         ranks = run_ranks(_observe_rank, spec.nproc, spec.to_config(), logs=os.path.join(spec.out, "ranks"),
                           fresh=True)
     except RankFailure as failure:
-        return {"convention": "training", "notes": [], "side": spec.side,
-                spec.side: {"ran": False, "error": {"type": failure.message.split(":")[0], "message": str(failure),
-                                                    "source": None, "phase": "run", "import_error": False}}}
+        # The observations of the rank whose script failed (_observe_rank): the launcher names the first rank
+        # to end, which may be one it stopped.
+        failed = next((r for r in (failure.rank, *range(spec.nproc))
+                       if os.path.exists(_failed_rank_file(spec.out, r))), failure.rank)
+        try:
+            with open(_failed_rank_file(spec.out, failed)) as f:
+                observations = json.load(f)
+        except (OSError, ValueError):
+            return {"convention": "training", "notes": [], "side": spec.side,
+                    spec.side: {"ran": False, "error": {"type": failure.message.split(":")[0], "message": str(failure),
+                                                        "source": None, "phase": "run", "import_error": False}}}
+        side = observations.get(spec.side) or {}
+        if failed:
+            side["error"] = {**side["error"], "message": f"rank {failed}: {side['error'].get('message', '')}"}
+        observations.setdefault("notes", []).append(
+            f"{spec.nproc} ranks on this side: rank {failed}'s script failed, and the others were stopped")
+        return observations
     finally:
         if saved is None:
             os.environ.pop(EMULATOR_DEVICES_ENV, None)

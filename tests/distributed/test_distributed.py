@@ -140,6 +140,17 @@ def test_pytorchs_cuda_ddp_tutorial_is_checked_on_two_ranks_with_cuda_taken_for_
     assert json.loads(faulty.stdout)["verdict"] == "not ready" and not json.loads(faulty.stdout)["curves"]["ok"]
 
 
+def test_a_rank_whose_script_fails_stops_the_others_and_is_named(tmp_path):
+    """Rank 1 raises while rank 0 waits in its next all-reduce: as under torchrun, the rank fails and the
+    others are stopped, and the error names the rank and the script's line (before: the failing rank's
+    error was recorded, it returned, and rank 0 waited out the group's 30-minute timeout)."""
+    run = run_cli("neuron-validate", "--nproc", "2", os.path.join(SCRIPTS, "rank_fails.py"), "--out",
+                  str(tmp_path / "out"), "--results", str(tmp_path / "runs"), timeout=900)
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "rank 1: ValueError: rank 1 broke at step 2 (tests/validate/scripts/rank_fails.py:12" in run.stderr, \
+        run.stderr[-2000:]
+
+
 def test_a_torchrun_style_fsdp2_script_is_checked_on_two_ranks(tmp_path):
     # The two checks run at once (each waits on its ranks' start-up much of the time), into stores of their own.
     with ThreadPoolExecutor(2) as pool:
