@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from conformance.case import Case
@@ -291,6 +291,9 @@ def observe_ranks(spec: ChildSpec, progress) -> dict:
     progress(side=spec.side, phase=f"run on {spec.nproc} ranks")
     # A device per rank, as on a Trainium host's NeuronCores: a script takes device LOCAL_RANK
     # (torch.cuda.set_device(local_rank), .to(local_rank)), which one emulated device shared by every rank lacks.
+    for rank in range(spec.nproc):  # a failure an earlier run of this side left (the retry with cuda taken)
+        with suppress(FileNotFoundError):
+            os.remove(_failed_rank_file(spec.out, rank))
     saved = os.environ.get(EMULATOR_DEVICES_ENV)
     os.environ[EMULATOR_DEVICES_ENV] = str(max(spec.nproc, int(saved or 1)))  # the ranks' fork server reads it
     try:
