@@ -289,34 +289,18 @@ def observe_ranks(spec: ChildSpec, progress) -> dict:
     from distributed.launch import RankFailure, run_ranks
 
     progress(side=spec.side, phase=f"run on {spec.nproc} ranks")
-    # A device per rank, as on a Trainium host's NeuronCores: a script takes device LOCAL_RANK
-    # (torch.cuda.set_device(local_rank), .to(local_rank)), which one emulated device shared by every rank lacks.
     for rank in range(spec.nproc):  # a failure an earlier run of this side left (the retry with cuda taken)
         with suppress(FileNotFoundError):
             os.remove(_failed_rank_file(spec.out, rank))
+    # A device per rank, as on a Trainium host's NeuronCores: a script takes device LOCAL_RANK
+    # (torch.cuda.set_device(local_rank), .to(local_rank)), which one emulated device shared by every rank lacks.
     saved = os.environ.get(EMULATOR_DEVICES_ENV)
     os.environ[EMULATOR_DEVICES_ENV] = str(max(spec.nproc, int(saved or 1)))  # the ranks' fork server reads it
     try:
         ranks = run_ranks(_observe_rank, spec.nproc, spec.to_config(), logs=os.path.join(spec.out, "ranks"),
                           fresh=True)
     except RankFailure as failure:
-        # The observations of the rank whose script failed (_observe_rank): the launcher names the first rank
-        # to end, which may be one it stopped.
-        failed = next((r for r in (failure.rank, *range(spec.nproc))
-                       if os.path.exists(_failed_rank_file(spec.out, r))), failure.rank)
-        try:
-            with open(_failed_rank_file(spec.out, failed)) as f:
-                observations = json.load(f)
-        except (OSError, ValueError):
-            return {"convention": "training", "notes": [], "side": spec.side,
-                    spec.side: {"ran": False, "error": {"type": failure.message.split(":")[0], "message": str(failure),
-                                                        "source": None, "phase": "run", "import_error": False}}}
-        side = observations.get(spec.side) or {}
-        if failed:
-            side["error"] = {**side["error"], "message": f"rank {failed}: {side['error'].get('message', '')}"}
-        observations.setdefault("notes", []).append(
-            f"{spec.nproc} ranks on this side: rank {failed}'s script failed, and the others were stopped")
-        return observations
+        return _failed_side(spec, failure)
     finally:
         if saved is None:
             os.environ.pop(EMULATOR_DEVICES_ENV, None)
@@ -329,13 +313,30 @@ def observe_ranks(spec: ChildSpec, progress) -> dict:
         losses = [sum(c["losses"][k] if c["losses"][k] is not None else float("nan") for c in curves) / len(curves)
                   for k in range(len(curves[0]["losses"]))]
         side["curve"] = {**curves[0], "losses": losses}
-    for r, other in enumerate(ranks[1:], start=1):
-        error = (other.get(spec.side) or {}).get("error")
-        if error and not side.get("error"):
-            side["error"] = {**error, "message": f"rank {r}: {error.get('message', '')}"}
-            side["ran"] = False
     observations.setdefault("notes", []).append(
         f"{spec.nproc} ranks on this side: the loss curve is the mean of the ranks' losses; layers are not compared")
+    return observations
+
+
+def _failed_side(spec: ChildSpec, failure) -> dict:
+    """The side's observations where a rank failed: those of the rank whose script failed first (_observe_rank:
+    the others may fail after it, in a collective it left; the launcher names the first rank to end, which may
+    be one it stopped), else the launcher's message alone (a rank that died)."""
+    written = {r: os.stat(_failed_rank_file(spec.out, r)).st_mtime_ns for r in range(spec.nproc)
+               if os.path.exists(_failed_rank_file(spec.out, r))}
+    failed = min(written, key=written.get) if written else failure.rank
+    try:
+        with open(_failed_rank_file(spec.out, failed)) as f:
+            observations = json.load(f)
+    except (OSError, ValueError):
+        return {"convention": "training", "notes": [], "side": spec.side,
+                spec.side: {"ran": False, "error": {"type": failure.message.split(":")[0], "message": str(failure),
+                                                    "source": None, "phase": "run", "import_error": False}}}
+    side = observations.get(spec.side) or {}
+    if failed:
+        side["error"] = {**side["error"], "message": f"rank {failed}: {side['error'].get('message', '')}"}
+    observations.setdefault("notes", []).append(
+        f"{spec.nproc} ranks on this side: rank {failed}'s script failed, and the others were stopped")
     return observations
 
 

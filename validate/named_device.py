@@ -268,7 +268,7 @@ def _amp_for(torch, name: str, device_type: str):
         yield
 
 
-def _collectives_for(torch, name: str, device) -> dict:
+def _collectives_for(name: str, device) -> dict:
     """``torch.distributed``'s group makers with ``nccl`` (CUDA's collectives, what a script written for CUDA
     asks for) taken for the side's own backend: gloo on the CPU, the target's for its device type with gloo
     for CPU tensors (distributed/backends.py). A script's other backends are left as it names them. Without
@@ -345,7 +345,7 @@ def script_device(torch, name: str | None, device):
         patched = contextlib.nullcontext()
     else:
         patched = _patched(module, _outside_torch(module, answers))
-    collectives = _collectives_for(torch, name, device)
+    collectives = _collectives_for(name, device)
     with patched, _amp_for(torch, name, device.type), device_named_as(device, name), \
             (_patched(torch.distributed, collectives) if collectives else contextlib.nullcontext()), \
             _ddp_on_the_sides_device(torch, name):
