@@ -264,7 +264,10 @@ class PerturbMode:
                                                                        unfused.autocast)
                 if rounding is not None and (entry is None or (entry.where == "outputs" and entry.rel < rounding.rel)):
                     entry = rounding
-                if (entry is None or func._schema.name in ("aten::copy_", "aten::_to_copy")
+                # A view computes nothing, and a fresh tensor in its place would take the writes made through
+                # it: `x[1:3] = 1` and DDP's gradient buckets (written through views) were lost, so a DDP
+                # script's perturbed runs trained on an uninitialised bucket and their losses went NaN.
+                if (entry is None or func.is_view or func._schema.name in ("aten::copy_", "aten::_to_copy")
                         or (mutable and entry.where == "inputs")):
                     return func(*args, **kwargs)
                 met[entry.reason or entry.pattern] = None

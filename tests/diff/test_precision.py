@@ -344,3 +344,32 @@ def test_perturbed_runs_reach_inside_an_lstm_on_the_cpu():
         plain, _ = lstm(x)
     assert torch._C._get_mkldnn_enabled() and "aten::mkldnn_rnn_layer" in seen
     assert 0 < float((perturbed - plain).abs().max()) < 1e-2
+
+
+def test_perturbed_runs_keep_what_is_written_through_views():
+    """Under a model that perturbs every op (float32 rounding for a target that computes like the CPU, a
+    profile that casts everything), a view is the same storage, not a perturbed copy: ``x[1:3] = 1``, a
+    ``view(...).add_`` and DDP's gradients written into their bucket through views all reach the base. A copy
+    lost those writes, and a DDP script's perturbed runs all-reduced an uninitialised bucket: NaN losses, or a
+    band 12% wide that let a 5% matmul fault pass (tests/distributed: the CUDA DDP tutorial)."""
+    from diff.curves import curve_precision
+
+    every_op = curve_precision(EXACT)
+    assert every_op.for_op("aten::view") is not None  # the model itself names views: the mode must leave them
+    with PerturbMode(model=every_op, seed=3) as mode:
+        x = torch.zeros(4)
+        x[1:3] = 1.0
+        grid = torch.zeros(2, 2)
+        grid.view(4).add_(2.0)
+        bucket = torch.empty(6)  # DDP's flat bucket, its gradients views of it
+        first, second = bucket.split(3)
+        first.copy_(torch.full((3,), 0.5))
+        second.fill_(-0.25)
+        computed = torch.tanh(torch.linspace(-1, 1, 101))
+    assert mode.met, "the model perturbed nothing: the test tests nothing"
+    assert torch.equal(x != 0, torch.tensor([False, True, True, False]))
+    torch.testing.assert_close(grid, torch.full((2, 2), 2.0))
+    torch.testing.assert_close(bucket, torch.tensor([0.5, 0.5, 0.5, -0.25, -0.25, -0.25]))
+    exact = torch.tanh(torch.linspace(-1, 1, 101))
+    assert not torch.equal(computed, exact), "computing ops still take the model's error"
+    torch.testing.assert_close(computed, exact)
