@@ -62,7 +62,7 @@ class LossCurve:
         return len(times) / total if times and total > 0 else None
 
     def to_dict(self) -> dict:
-        return {"label": self.label, "losses": [_json_float(x) for x in self.losses],
+        return {"label": self.label, "losses": [json_float(x) for x in self.losses],
                 "step_seconds": list(self.step_seconds), "steps_per_second": self.steps_per_second}
 
     @classmethod
@@ -71,7 +71,8 @@ class LossCurve:
                    step_seconds=tuple(float(x) for x in data.get("step_seconds", ())))
 
 
-def _json_float(x: float):
+def json_float(x: float):
+    """A float as strict JSON holds it: NaN as null, infinities as "inf" and "-inf"."""
     return x if math.isfinite(x) else (None if math.isnan(x) else ("inf" if x > 0 else "-inf"))
 
 
@@ -141,6 +142,11 @@ class CurveComparison:
         return min(self.reference.steps, self.target.steps)
 
     @property
+    def unbounded_from(self) -> int | None:
+        """The first step whose band is unbounded (a perturbed run's loss went non-finite there), if any."""
+        return next((step for step, band in enumerate(self.bands) if math.isinf(band)), None)
+
+    @property
     def allowed(self) -> int:
         return self.tolerance.allowed(self.steps)
 
@@ -155,12 +161,19 @@ class CurveComparison:
             return self.note or "no steps to compare"
         head = (f"{len(self.failing_steps)} of {self.steps} steps outside the band ({self.allowed} allowed); "
                 f"greatest gap {self.max_abs_gap:.3g} ({100 * self.max_rel_gap:.2f}% of the reference loss)")
-        if self.perturbed:
+        unbounded = self.unbounded_from
+        if unbounded is not None:
+            head += (f"; band from {self.perturbed} perturbed reference runs, unbounded from step {unbounded}, "
+                     "where a perturbed run's loss stopped being finite and the reference's did not (this "
+                     "training may diverge under the device's precision)")
+        elif self.perturbed:
             last = self.reference.losses[self.steps - 1]
             width = self.bands[-1] / abs(last) if self.bands and last else 0.0
             head += (f"; band from {self.perturbed} perturbed reference runs, "
                      f"{100 * width:.2f}% at the last step")
         if self and not self.informative:
+            if unbounded is not None:
+                return f"loss curves not informative: {head}"
             return (f"loss curves not informative: the band is {100 * self.band_rel:.0f}% of the loss, wider than "
                     f"a {100 * INFORMATIVE_SHIFT:.0f}% shift; {head}")
         if self:
@@ -171,11 +184,11 @@ class CurveComparison:
         return {
             "ok": bool(self), "summary": self.summary(), "steps": self.steps, "failing_steps": self.failing_steps,
             "allowed_failing_steps": self.allowed, "diverged_at": self.diverged_at,
-            "max_abs_gap": _json_float(self.max_abs_gap), "max_rel_gap": _json_float(self.max_rel_gap),
+            "max_abs_gap": json_float(self.max_abs_gap), "max_rel_gap": json_float(self.max_rel_gap),
             "rtol": self.tolerance.rtol, "atol": self.tolerance.atol, "speed_ratio": self.speed_ratio,
             "note": self.note, "reference": self.reference.to_dict(), "target": self.target.to_dict(),
-            "bands": [_json_float(b) for b in self.bands], "perturbed_runs": self.perturbed,
-            "band_rel": _json_float(self.band_rel), "informative": self.informative,
+            "bands": [json_float(b) for b in self.bands], "perturbed_runs": self.perturbed,
+            "band_rel": json_float(self.band_rel), "informative": self.informative,
         }
 
 
@@ -200,7 +213,7 @@ def compare_curves(reference: LossCurve, target: LossCurve, tolerance: CurveTole
         r, t = reference.losses[step], target.losses[step]
         if not (math.isfinite(r) and math.isfinite(t)):
             same = (math.isnan(r) and math.isnan(t)) or r == t
-            if not same:
+            if not same and not math.isinf(result.bands[step]):  # unbounded: a perturbed run went there too
                 result.failing_steps.append(step)
             continue
         gap = abs(t - r)
@@ -224,7 +237,9 @@ def precision_bands(reference: LossCurve, perturbed: Sequence[LossCurve], tol: C
                     floor_only: bool = False) -> list[float]:
     """The band at each of the first ``n`` steps: the fixed band, widened to SPREAD_MULTIPLE times the
     perturbed runs' largest relative gap to the reference so far (perturbed runs shorter than ``n`` are
-    left out); with ``floor_only``, the floor alone."""
+    left out); with ``floor_only``, the floor alone. Once a perturbed run's loss is not finite where the
+    reference's is, the band is unbounded: the device's precision may make this training diverge, and
+    leaving that run out gave the narrowest band, which failed a correct device."""
     from .precision import SPREAD_MULTIPLE
 
     runs = [p for p in perturbed if p.steps >= n]
@@ -240,7 +255,9 @@ def precision_bands(reference: LossCurve, perturbed: Sequence[LossCurve], tol: C
             continue
         for p in runs:
             x = p.losses[step]
-            if math.isfinite(x) and r != 0:
+            if not math.isfinite(x):  # the device's precision may make this training diverge: no bound
+                relative = math.inf
+            elif r != 0:
                 relative = max(relative, abs(x - r) / abs(r))
         floor = fixed if tol.rtol != DEFAULT_RTOL else tol.atol + PERTURBED_FLOOR_RTOL * abs(r)
         bands.append(max(floor, SPREAD_MULTIPLE * relative * abs(r)))

@@ -88,7 +88,7 @@ def plot_curves(comparison: CurveComparison, stem: str | Path, *, title: str = "
     ratio = comparison.speed_ratio
     ax_speed.set_title("steps/s" + (f" (target {ratio:.2f}x)" if ratio else ""), fontsize=10)
     ax_speed.grid(alpha=0.3, axis="y")
-    verdict = "agree" if comparison else "diverge"
+    verdict = ("agree" if comparison.informative else "not informative") if comparison else "diverge"
     fig.suptitle(f"{title}: {verdict}", fontsize=11)
     fig.tight_layout()
     return _save(fig, Path(stem))

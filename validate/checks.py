@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from diff.curves import CurveComparison, CurveTolerance, LossCurve, compare_curves
+from diff.curves import CurveComparison, CurveTolerance, LossCurve, compare_curves, json_float
 
 from .explain import explain
 from .verdict import Finding
@@ -532,7 +532,7 @@ def check_curves(obs: dict, ctx: CheckContext) -> list[Finding]:
     if cmp is None:
         return findings
     data = {"steps": cmp.steps, "diverged_at": cmp.diverged_at, "max_rel_gap": cmp.max_rel_gap,
-            "failing_steps": cmp.failing_steps, "band_rel": cmp.band_rel}
+            "failing_steps": cmp.failing_steps, "band_rel": json_float(cmp.band_rel)}
     if draws.get("on_device"):
         data["draws_on_device"] = draws["on_device"]
     shared = (f" (the target took the reference's {draws['on_device']} random draws on the device)"
@@ -613,7 +613,7 @@ def _check_own_stream(obs: dict, ctx: CheckContext) -> list[Finding]:
                 for d in differences]
     runs = len((obs.get("own_stream") or {}).get("streams") or ())
     data = {"steps": own.steps, "diverged_at": own.diverged_at, "max_rel_gap": own.max_rel_gap,
-            "failing_steps": own.failing_steps, "band_rel": own.band_rel, "stream_runs": runs}
+            "failing_steps": own.failing_steps, "band_rel": json_float(own.band_rel), "stream_runs": runs}
     head = (f"with its own random numbers, the target's loss curve "
             f"{'lies within' if own else 'leaves'} the band of {runs} reference runs drawing from other streams")
     if not own:
@@ -623,9 +623,11 @@ def _check_own_stream(obs: dict, ctx: CheckContext) -> list[Finding]:
             hint="independent random streams do not explain the gap: the device's random ops (their distribution: "
                  "dropout's rate, the normal's scale) or the code downstream of them differ")]
     if not own.informative:
+        spread = (f"{100 * own.band_rel:.0f}%" if own.unbounded_from is None
+                  else f"no bound (one stops being finite at step {own.unbounded_from})")
         return findings + [Finding(check="random-stream", severity="info",
                                    title=f"not informative: {head}, but other streams alone move the loss by "
-                                         f"{100 * own.band_rel:.0f}%, so a 5% shift would not be seen", data=data)]
+                                         f"{spread}, so a 5% shift would not be seen", data=data)]
     return findings + [Finding(check="random-stream", severity="info", title=f"{head}: {own.summary()}", data=data)]
 
 

@@ -57,6 +57,22 @@ def test_nan_on_one_side_fails_and_on_both_sides_matches():
     assert compare_curves(curve([1.0, math.nan]), curve([1.0, math.nan]), tol)
 
 
+def test_a_perturbed_run_that_diverges_leaves_the_band_unbounded_not_narrowest():
+    """A perturbed reference run whose loss stops being finite says that this training may diverge under the
+    device's precision: the band is unbounded from there (not informative), never the narrowest band that
+    leaving the run out gave, which failed a target 10% off where the other perturbed run was 0.5% off."""
+    ref = curve([2.0, 1.8, 1.6, 1.4, 1.2])
+    target = curve([2.0, 1.81, 1.61, 1.54, math.nan])  # 10% off, then NaN, where a perturbed run blew up
+    steady = curve([2.0, 1.809, 1.608, 1.407, 1.206])
+    blown = curve([2.0, 1.809, 1.608, math.nan, math.nan])
+    result = compare_curves(ref, target, perturbed=[steady, blown])
+    assert result and not result.informative and result.unbounded_from == 3
+    assert "unbounded from step 3" in result.summary() and result.summary().startswith("loss curves not informative")
+    assert result.to_dict()["bands"][3] == "inf"
+    bounded = compare_curves(ref, target, perturbed=[steady, steady])
+    assert not bounded and bounded.unbounded_from is None and bounded.informative  # the target's own gap fails
+
+
 def test_different_lengths_compare_the_common_steps():
     result = compare_curves(curve([1.0, 0.9, 0.8]), curve([1.0, 0.9]))
     assert result and result.steps == 2 and "first 2" in result.note
