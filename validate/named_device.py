@@ -55,6 +55,11 @@ def _calling(fn, named: str | None = None, device=None):
     return lambda *args, **kwargs: fn(*map(swap, args), **{key: swap(value) for key, value in kwargs.items()})
 
 
+# torch.cuda's older names for resetting its peak statistics, which PyTorch's own tutorials still call
+# (mixed_precision_tutorial's ``torch.cuda.reset_max_memory_allocated()``): they call CUDA's
+# reset_peak_memory_stats from inside torch.cuda, past the side's answer to that name.
+_OLD_RESETS = ("reset_max_memory_allocated", "reset_max_memory_cached", "reset_accumulated_memory_stats")
+
 # No CUDA compute capability: a script that picks a path by it (bfloat16 or TF32 from 8.0, flash attention)
 # takes its most general one on every side.
 _NO_CAPABILITY = (0, 0)
@@ -63,10 +68,11 @@ _NO_CAPABILITY = (0, 0)
 def _cpu_answers(torch) -> dict:
     """What a device module answers on the CPU."""
     answers = {name: _returning(None) for name in ("set_device", "synchronize", "empty_cache",
-                                                   "reset_peak_memory_stats", "manual_seed", "manual_seed_all",
-                                                   "seed")}
+                                                   "reset_peak_memory_stats", *_OLD_RESETS, "manual_seed",
+                                                   "manual_seed_all", "seed")}
     answers.update({name: _returning(0) for name in ("current_device", "memory_allocated", "max_memory_allocated",
-                                                     "memory_reserved", "max_memory_reserved")})
+                                                     "memory_reserved", "max_memory_reserved", "memory_cached",
+                                                     "max_memory_cached")})
     answers.update(_memory_report("cpu", lambda: 0, lambda: 0))
     answers.update({name: _returning(True) for name in ("is_available", "is_initialized", "is_bf16_supported")})
     answers.update(device_count=_returning(1), get_device_name=_returning("cpu"), device=_NoDevice,
@@ -168,7 +174,10 @@ def _device_answers(torch, device) -> dict:
                    get_device_capability=_returning(_NO_CAPABILITY))
     allocated = getattr(module, "memory_allocated", _returning(0))
     peak = getattr(module, "max_memory_allocated", allocated)
-    answers.update(_memory_report(str(device), allocated, peak), memory_reserved=allocated, max_memory_reserved=peak)
+    answers.update(_memory_report(str(device), allocated, peak), memory_reserved=allocated, max_memory_reserved=peak,
+                   memory_cached=allocated, max_memory_cached=peak)
+    reset = getattr(module, "reset_peak_memory_stats", None)
+    answers.update({name: _calling(reset, "cuda", device) if reset else _returning(None) for name in _OLD_RESETS})
     for name in ("device_count", "current_device", "set_device", "synchronize", "empty_cache",
                  "reset_peak_memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
                  "max_memory_reserved", "mem_get_info", "memory_stats", "memory_summary", "manual_seed",

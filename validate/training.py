@@ -52,6 +52,7 @@ class _State:
         self.losses: list[float] = []  # one per optimizer step (per backward() where no optimizer steps)
         self.times: list[float] = []
         self.micro_losses: list[float] = []  # one per backward(): gradient accumulation makes several a step
+        self.backward_calls = 0  # of a scalar loss or not
         self.micro_times: list[float] = []
         self.pending: list[float] = []  # backward() losses since the last optimizer step
         self.in_step = 0  # inside an optimizer's step(): a backward() there is its closure's (L-BFGS)
@@ -201,6 +202,7 @@ def _recording_backward(state: _State, torch, orig_backward):
 
     def backward(tensors, grad_tensors=None, *args, **kwargs):
         if state.recording:
+            state.backward_calls += 1
             t = tensors if isinstance(tensors, torch.Tensor) else (
                 tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else None)
             if isinstance(t, torch.Tensor) and t.numel() == 1:
@@ -408,6 +410,8 @@ def _why_no_gradients(state: _State) -> str | None:
         return ("the model was only called without gradients (eval under torch.no_grad or inference_mode); "
                 "its outputs are compared, its gradients cannot be")
     if state.captured and not any(g is not None for g in state.grad_output):
+        if not state.backward_calls:  # ensembling or inference: nothing to differentiate, and nothing wrong
+            return "the script calls no backward(), so there are no gradients to compare"
         return ("no gradient reached the model's output from the script's backward() (the script stopped "
                 "before it, or the loss does not depend on this call's output)")
     return None

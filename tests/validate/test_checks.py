@@ -314,6 +314,9 @@ with script_device(torch, "cuda", "cpu"):
     assert torch.cuda.amp.GradScaler()._device == "cpu"
     free, total = torch.cuda.mem_get_info()  # what public scripts print about memory, and their profiler ranges
     assert 0 < free <= total and torch.cuda.max_memory_reserved() == 0 and "memory of cpu: 0.0 MiB" in torch.cuda.memory_summary()
+    torch.cuda.reset_max_memory_allocated()  # older names, which call CUDA's own reset from inside torch.cuda
+    torch.cuda.reset_max_memory_cached()
+    assert torch.cuda.memory_cached() == 0 == torch.cuda.max_memory_cached()
     torch.cuda.nvtx.range_push("step")
     torch.cuda.nvtx.range_pop()
     with torch.cuda.nvtx.range("step"):
@@ -595,3 +598,18 @@ def test_hashing_the_models_weights_leaves_them_as_the_script_had_them():
     before = fingerprint([scale, weight])
     scale.resize_(8)
     assert fingerprint([torch.ones(1), weight.contiguous()]) == before
+
+
+def test_why_gradients_are_not_compared_is_said_in_the_scripts_terms():
+    """An ensembling or inference script called its model with gradients on and never called backward()
+    (PyTorch's ensembling tutorial): that is said as it is, not as a backward() that stopped early."""
+    from types import SimpleNamespace
+
+    from validate.training import _why_no_gradients
+
+    called = dict(captured=True, root_type="SimpleMLP", grad_output=[None])
+    assert _why_no_gradients(SimpleNamespace(**called, backward_calls=0)) == (
+        "the script calls no backward(), so there are no gradients to compare")
+    assert "stopped before it" in _why_no_gradients(SimpleNamespace(**called, backward_calls=3))
+    assert "only called without gradients" in _why_no_gradients(
+        SimpleNamespace(captured=False, root_type="SimpleMLP", grad_output=[], backward_calls=0))

@@ -4,7 +4,7 @@
 autocast for "cuda" with the deprecated ``torch.cuda.amp.GradScaler``, ``.cuda()`` for the labels,
 each step timed with ``torch.cuda.Event(enable_timing=True)`` for its images a second and marked with an NVTX
 range, the device's free memory from ``torch.cuda.mem_get_info()``, ``torch.cuda.synchronize()``
-and the peak memory at the end."""
+and the peak memory at the end, reset first by its older name ``reset_max_memory_allocated``."""
 import argparse
 
 import torch
@@ -20,6 +20,7 @@ torch.manual_seed(1)
 if use_cuda:
     torch.cuda.manual_seed(1)
     torch.backends.cudnn.benchmark = True
+    torch.cuda.reset_max_memory_allocated()  # the older name PyTorch's mixed-precision tutorial still calls
 
 
 class Net(nn.Module):
