@@ -374,6 +374,13 @@ def _check_training_script(options: ValidateOptions, data: dict) -> None:
                     "its own device; otherwise pick the device with torch.accelerator.current_accelerator()")
         raise ScriptProblem(f"the script fails on the reference ({options.reference}): {error['message']}{where}{hint}")
     if not ref.get("model") and not ref.get("curve"):
+        if ref.get("called_in_transforms"):
+            names = ", ".join(ref["called_in_transforms"])
+            raise ScriptProblem(
+                f"no model to compare: the script calls its model ({names}) only inside torch.func transforms "
+                "(vmap, grad, jacrev, functional_call under them), whose inputs are functorch's wrappers with no "
+                "values of their own to compare; call the model once outside a transform (on one batch, for "
+                "example) and that call is compared")
         said = _last_output_line(Path(options.out) / "work" / "reference")
         raise ScriptProblem("no model found: the script defines no get_model() and get_inputs() (or model and "
                             "example_inputs), and running it called no torch.nn.Module with parameters"

@@ -53,6 +53,7 @@ class _State:
         self.times: list[float] = []
         self.micro_losses: list[float] = []  # one per backward(): gradient accumulation makes several a step
         self.backward_calls = 0  # of a scalar loss or not
+        self.in_transforms: dict[str, None] = {}  # modules called inside torch.func transforms, by class
         self.micro_times: list[float] = []
         self.pending: list[float] = []  # backward() losses since the last optimizer step
         self.in_step = 0  # inside an optimizer's step(): a backward() there is its closure's (L-BFGS)
@@ -268,6 +269,15 @@ def _capturing_call(state: _State, torch, here, orig_call):
                 or torch._C._functorch.peek_interpreter_stack() is not None):
             # Inside a torch.func transform (vmap, grad, jacrev) the inputs and the swapped-in parameters are
             # functorch's wrappers, which have no storage to copy; a call outside one is captured instead.
+            if (not state.depth and not state.captured and state.recording
+                    and torch._C._functorch.peek_interpreter_stack() is not None
+                    and any(True for _ in self.parameters())):
+                state.in_transforms.setdefault(type(self).__name__, None)  # named if nothing else is compared
+                state.depth += 1  # its submodules' calls are not the model's
+                try:
+                    return orig_call(self, *args, **kwargs)
+                finally:
+                    state.depth -= 1
             return orig_call(self, *args, **kwargs)
         if not any(True for _ in self.parameters()) or type(self).__module__ in _PYTORCH_MACHINERY:
             return orig_call(self, *args, **kwargs)
@@ -551,6 +561,7 @@ def _side_observations(here, state: _State, side: SideObservations, draws) -> No
     side.extra["script_compiles"] = list(dict.fromkeys(state.script_compiles))
     side.extra["draws"] = draws.log.to_dict()
     side.extra["model"] = {"class": state.root_type} if state.root_type else None
+    side.extra["called_in_transforms"] = list(state.in_transforms)
 
 
 def _target_observations(here, state: _State, side: SideObservations, trace, draws, result: dict) -> None:

@@ -40,6 +40,13 @@ CASES = {
                        "no model found: the script defines no get_model() and get_inputs() (or model and "
                        "example_inputs), and running it called no torch.nn.Module with parameters; its last output "
                        "on the reference: 'tensor(6.)'"),
+    "model called only inside torch.func transforms": (  # PyTorch's neural tangent kernel tutorial
+        "import torch\nfrom torch.func import functional_call, jacrev, vmap\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))\n"
+        "params = {k: v.detach() for k, v in net.named_parameters()}\n"
+        "one = lambda p, x: functional_call(net, p, (x.unsqueeze(0),)).squeeze(0)\n"
+        "print(vmap(jacrev(one), (None, 0))(params, torch.randn(5, 4))['0.weight'].shape)\n", [], {},
+        "no model to compare: the script calls its model (Sequential) only inside torch.func transforms"),
     "training script fails on the reference": (
         "import torch\nmodel = torch.nn.Linear(2, 2)\nloss = model(torch.ones(1, 2)).sum()\nprint(1 / 0)\n", [], {},
         "the script fails on the reference (cpu): ZeroDivisionError: division by zero (script.py:4 in <module>)"),
