@@ -265,20 +265,21 @@ def _capturing_call(state: _State, torch, here, orig_call):
     """Module.__call__ that captures the compared call (see _State), compiles it under a compile target, and
     on the target keeps the gradient that reaches its outputs."""
     def call(self, *args, **kwargs):
-        if (state.captured or state.depth or not state.recording or torch.compiler.is_compiling()
-                or torch._C._functorch.peek_interpreter_stack() is not None):
+        # Dynamo traces this wrapper inside a compiled model and guards on each value it reads here: read
+        # nothing more before returning (a guard on the depth recompiled every model the harness compiles).
+        if state.captured or state.depth or not state.recording or torch.compiler.is_compiling():
+            return orig_call(self, *args, **kwargs)
+        if torch._C._functorch.peek_interpreter_stack() is not None:
             # Inside a torch.func transform (vmap, grad, jacrev) the inputs and the swapped-in parameters are
             # functorch's wrappers, which have no storage to copy; a call outside one is captured instead.
-            if (not state.depth and not state.captured and state.recording
-                    and torch._C._functorch.peek_interpreter_stack() is not None
-                    and any(True for _ in self.parameters())):
-                state.in_transforms.setdefault(type(self).__name__, None)  # named if nothing else is compared
-                state.depth += 1  # its submodules' calls are not the model's
-                try:
-                    return orig_call(self, *args, **kwargs)
-                finally:
-                    state.depth -= 1
-            return orig_call(self, *args, **kwargs)
+            if not any(True for _ in self.parameters()):
+                return orig_call(self, *args, **kwargs)
+            state.in_transforms.setdefault(type(self).__name__, None)  # named if nothing else is compared
+            state.depth += 1  # its submodules' calls are not the model's
+            try:
+                return orig_call(self, *args, **kwargs)
+            finally:
+                state.depth -= 1
         if not any(True for _ in self.parameters()) or type(self).__module__ in _PYTORCH_MACHINERY:
             return orig_call(self, *args, **kwargs)
         builds_graph = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
