@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import socket
 import tempfile
 import uuid
@@ -88,7 +89,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args, logs: str | None =
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logs = logs or tempfile.mkdtemp(prefix="neuron_validate_ranks_")
+    scratch = None if logs else tempfile.mkdtemp(prefix="neuron_validate_ranks_")  # no one reads it afterwards
+    logs = logs or scratch
     os.makedirs(logs, exist_ok=True)
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex[:12],
                           rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
@@ -107,6 +109,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args, logs: str | None =
             message = _last_error_line(failure.error_file) or (f"killed by {signal}" if signal else
                                                                f"exited with status {failure.exitcode}")
         raise RankFailure(rank=rank, message=message.splitlines()[-1][:300], signal=signal) from None
+    finally:
+        if scratch:  # the ranks' output was read above, where a rank failed; a run must not leave it behind
+            shutil.rmtree(scratch, ignore_errors=True)
     return [results[rank] for rank in range(world_size)]
 
 

@@ -47,16 +47,22 @@ def test_clean_runs_match_on_two_and_four_ranks(tmp_path):
 
 
 def test_collective_faults_are_caught_and_a_hang_is_a_timeout(tmp_path):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     # The offset fault writes a result at the start of its storage: only a view at an offset shows it.
     faults = ("drop@c10d::allreduce;wrong_op@c10d::reduce_scatter;offset@c10d::all_gather;stale@c10d::all_to_all;"
               "hang@c10d::broadcast,rank=1")
     outcomes = _run(tmp_path, "--world-size", "2", "--suite", "collectives", "--timeout", "25", "--filter",
                     "all_reduce.sum,reduce_scatter_tensor.sum,all_gather_into_tensor*,all_to_all_single,broadcast,"
-                    "send_recv", faults=faults)
+                    "send_recv", faults=faults, env={"TMPDIR": str(temp)})
     status = {key.split(":")[1]: o["status"] for key, o in outcomes.items()}
     assert status == {"all_reduce.sum": "mismatch", "reduce_scatter_tensor.sum": "mismatch",
                       "all_gather_into_tensor": "pass", "all_gather_into_tensor.view": "mismatch",
                       "all_to_all_single": "mismatch", "broadcast": "timeout", "send_recv": "pass"}, status
+    # The hang's reference probe ran its ranks with no artifacts folder to log to: their scratch folder goes with
+    # the run, and so does the run's crash folder (a nightly would otherwise leave one of each behind per probe).
+    left = [p.name for p in temp.iterdir() if p.name.startswith(("neuron_validate_ranks_", "neuron-validate-faults-"))]
+    assert left == [], "left in the temporary folder"
 
 
 def test_bfloat16_reductions_are_within_device_precision_and_a_one_percent_error_is_not(tmp_path):

@@ -23,8 +23,11 @@ def command(results, *extra: str) -> list[str]:
 
 
 def start(results, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(command(results, *extra), cwd=REPO, env={**os.environ, **ENV}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # A run killed with SIGKILL cannot remove its crash folder: it goes into the test's own temporary folder.
+    temp = results.parent / "tmp"
+    temp.mkdir(exist_ok=True)
+    return subprocess.Popen(command(results, *extra), cwd=REPO, env={**os.environ, **ENV, "TMPDIR": str(temp)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def recorded(results) -> int:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -257,7 +258,9 @@ def test_workers_die_with_a_killed_run(tmp_path):
         "        time.sleep(0.1)\n"
         "    print(' '.join(str(s.handle.pid) for s in slots), flush=True)\n"
         "    time.sleep(600)\n")
-    run = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    # Killed, the run cannot remove its crash folder: it goes into the test's own temporary folder.
+    run = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                           env={**os.environ, "TMPDIR": str(tmp_path)})
     pids = [int(p) for p in run.stdout.readline().split()]
     assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
     run.kill()
