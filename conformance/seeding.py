@@ -17,6 +17,8 @@ Only harness worker processes call this; user code is never touched.
 
 from __future__ import annotations
 
+import sys
+
 LAZILY_SEEDED_BACKENDS = ("cuda", "xpu", "mtia")
 
 
@@ -55,3 +57,23 @@ def seed_host_generators(seed: int | None) -> None:
     except ImportError:
         return
     numpy.random.seed(None if seed is None else seed % 2**32)
+
+
+def host_generator_state() -> tuple:
+    """Python's global generator's state, and NumPy's where the process has imported NumPy (None otherwise): what
+    :func:`set_host_generator_state` puts back."""
+    import random
+
+    numpy = sys.modules.get("numpy")
+    return random.getstate(), (numpy.random.get_state() if numpy is not None else None)
+
+
+def set_host_generator_state(state: tuple) -> None:
+    """Python's and NumPy's global generators at ``state`` (from :func:`host_generator_state`)."""
+    import random
+
+    python, numpy_state = state
+    random.setstate(python)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and numpy_state is not None:
+        numpy.random.set_state(numpy_state)

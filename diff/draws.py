@@ -41,6 +41,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from conformance.seeding import host_generator_state, set_host_generator_state
+
 RANDOM_TAG = torch.Tag.nondeterministic_seeded
 # Tagged, but they draw nothing themselves (a kernel choice).
 NOT_DRAWS = frozenset({"aten::_fused_sdp_choice"})
@@ -567,19 +569,38 @@ class SharedDraws(TorchDispatchMode):
         return tree_map(home, out), used
 
 
+@dataclass(frozen=True)
+class StartState:
+    """Where every side of a comparison starts: the CPU generator's state, and Python's and NumPy's global
+    generators'. A model that picks its path with ``random.randint`` (PyTorch's dynamic_net example draws its
+    depth so) must pick alike on every side, or two CPU runs differ and the layers go unjudged."""
+
+    cpu: torch.Tensor  # torch's CPU generator
+    host: tuple  # conformance.seeding.host_generator_state
+
+    @classmethod
+    def now(cls) -> "StartState":
+        return cls(cpu=torch.random.get_rng_state(), host=host_generator_state())
+
+
 @contextmanager
-def same_draws(state: torch.Tensor, *, double: bool = False, source_files=()) -> Iterator[SharedDraws]:
-    """One side of a comparison that must be deterministic: the CPU's generator at ``state`` (every side starts
-    from the same one), every draw taken from it (in float32 for a float64 side), inductor's random ops left
-    to ATen (``fallback_random``, as dynamo's accuracy runner sets it), and the caller's generator state as it
-    was afterwards."""
+def same_draws(state: StartState, *, double: bool = False, source_files=()) -> Iterator[SharedDraws]:
+    """One side of a comparison that must be deterministic: the generators at ``state`` (every side starts
+    from the same one), every ATen draw taken from the CPU's (in float32 for a float64 side), inductor's random
+    ops left to ATen (``fallback_random``, as dynamo's accuracy runner sets it), and the caller's generators as
+    they were afterwards."""
     import torch._inductor.config as inductor_config
 
+    caller = host_generator_state()
     with torch.random.fork_rng(devices=[]), inductor_config.patch(fallback_random=True):
-        torch.random.set_rng_state(state)
-        with SharedDraws(shared=True, draw_dtype={torch.float64: torch.float32} if double else None,
-                         source_files=source_files, restore_generators=True) as mode:
-            yield mode
+        torch.random.set_rng_state(state.cpu)
+        set_host_generator_state(state.host)
+        try:
+            with SharedDraws(shared=True, draw_dtype={torch.float64: torch.float32} if double else None,
+                             source_files=source_files, restore_generators=True) as mode:
+                yield mode
+        finally:
+            set_host_generator_state(caller)
 
 
 def _written(func, tensor: torch.Tensor, args, kwargs) -> bool:
@@ -603,5 +624,5 @@ def _original_of(value, cpu_args, cpu_kwargs, args, kwargs, home):
     return home(value)
 
 
-__all__ = ["Draw", "DrawLog", "Parting", "SharedDraws", "StreamDifference", "compare_streams", "draws", "first_parting",
-           "same_draws"]
+__all__ = ["Draw", "DrawLog", "Parting", "SharedDraws", "StartState", "StreamDifference", "compare_streams", "draws",
+           "first_parting", "same_draws"]

@@ -41,22 +41,16 @@ def build(config: ModelConfig) -> BuiltModel:
 
     The global RNG state is restored afterwards, so building does not disturb the caller's randomness.
     """
-    import random
-
     import torch
+
+    from conformance.seeding import host_generator_state, set_host_generator_state
 
     from .built import seed_everything
 
     entry = registry.get_entry(config.arch)
     config = registry.resolve(config)
     entry.check(config)
-    py_state = random.getstate()
-    try:
-        import numpy as np
-
-        np_state = np.random.get_state()
-    except ImportError:  # numpy is optional
-        np, np_state = None, None
+    host = host_generator_state()
     with torch.random.fork_rng(devices=[]):
         seed_everything(config.seed)
         try:
@@ -66,8 +60,6 @@ def build(config: ModelConfig) -> BuiltModel:
         except Exception as exc:  # noqa: BLE001 - every builder failure becomes one reasoned error
             raise ModelBuildError(f"{config.arch}: {one_line(exc)}") from exc
         finally:
-            random.setstate(py_state)
-            if np is not None:
-                np.random.set_state(np_state)
+            set_host_generator_state(host)
     built.config = config
     return built

@@ -109,7 +109,8 @@ def _pass(model, args, kwargs, device, *, double: bool, loss, prepare=None, grad
     """(output tensors, parameter gradients, what was called) of one forward and backward pass, on the CPU.
 
     The backward pass starts from ``loss(output)``, else from ``grad_output`` (see diff.localize). With
-    ``rng_state`` every random draw comes from the CPU's generator at that state (diff.draws)."""
+    ``rng_state`` (diff.draws.StartState) every random draw comes from the CPU's generator at that state, and
+    Python's and NumPy's generators start there too (diff.draws)."""
     import contextlib
 
     import torch
@@ -347,10 +348,10 @@ def compiled_check(model, args, kwargs, *, target, reference, loss=None, grad_ou
     Every side starts from the same generator state and draws the reference's numbers (diff.draws), in the
     compiled code too: dropout stays on and is compared like any other op.
     """
-    import torch
+    from diff.draws import StartState
 
     return _compiled_check(model, args, kwargs, target=target, reference=reference, loss=loss,
-                           grad_output=grad_output, files=files, rng_state=torch.random.get_rng_state())
+                           grad_output=grad_output, files=files, rng_state=StartState.now())
 
 
 def _compiled_check(model, args, kwargs, *, target, reference, loss, grad_output, files, rng_state) -> dict:

@@ -12,7 +12,7 @@ import torch
 
 from conformance.host_copies import watch_host_copies
 
-from ..draws import DrawLog, first_parting, same_draws
+from ..draws import DrawLog, StartState, first_parting, same_draws
 from ..judge import Judge, one_line
 from ..precision import PrecisionModel, Runs, perturbed_runs
 from ..sides import call_model, device_named_as, run_model
@@ -41,12 +41,12 @@ class SideRun:
 
 
 def run_side(model: torch.nn.Module, args, kwargs, *, device, double: bool, loss_fn, grad_output, trace: bool,
-             source_files, max_bytes: int, call: Callable | None, rng_state: torch.Tensor,
+             source_files, max_bytes: int, call: Callable | None, rng_state: StartState,
              target_type: str | None = None) -> SideRun:
     """One side of the localisation: the model's forward with every module's output recorded (and every ATen
     op traced, on the target), then its backward from the loss or the given output gradient. Every side
-    starts from the CPU generator's ``rng_state`` and takes its random draws from it (diff.draws), so that a
-    model that draws (dropout, ``randn_like``) computes the same thing on every side. Device arguments of
+    starts from the generators at ``rng_state`` and takes its random draws from the CPU's (diff.draws), so that a
+    model that draws (dropout, ``randn_like``, ``random.randint``) computes the same thing on every side. Device arguments of
     ``target_type`` in the model's own code name this side's device (diff.sides.device_named_as)."""
     tracer = OpTracer(source_files=source_files) if trace else None
     recorders: list[Recorder] = []
@@ -129,7 +129,7 @@ def localize(
     # Every side starts from the same generator state and draws the reference's numbers (diff.draws).
     target_device = torch.device(target_device)
     common = dict(loss_fn=loss_fn, grad_output=grad_output, source_files=files, max_bytes=max_record_bytes, call=call,
-                  rng_state=torch.random.get_rng_state(), target_type=target_device.type)
+                  rng_state=StartState.now(), target_type=target_device.type)
     return _localize(model, args, kwargs, target_device=target_device, reference_device=reference_device,
                      tol=tol, common=common, files=files, golden=golden, drill=drill, call=call,
                      precision=precision)

@@ -7,7 +7,7 @@ import emulator
 import torch
 import torch.nn.functional as F
 
-from diff.draws import SharedDraws, first_parting, same_draws
+from diff.draws import SharedDraws, StartState, first_parting, same_draws
 
 
 def _program(device, dtype=torch.float32) -> list[torch.Tensor]:
@@ -31,7 +31,7 @@ def test_the_target_and_the_golden_take_the_references_draws():
     emulator.register()
     emulator.set_profile("neuron-2.27")  # a device with a random stream of its own
     try:
-        state = torch.random.get_rng_state()
+        state = StartState.now()
         with same_draws(state) as ref_draws:
             ref = _program("cpu")
         with same_draws(state) as tgt_draws:
@@ -39,7 +39,7 @@ def test_the_target_and_the_golden_take_the_references_draws():
         with same_draws(state, double=True) as gold_draws:
             gold = _program("cpu", torch.float64)
         with torch.random.fork_rng(devices=[]):
-            torch.random.set_rng_state(state)
+            torch.random.set_rng_state(state.cpu)
             with SharedDraws() as own:  # logged only: the device draws its own numbers
                 _program("neuron")
     finally:
@@ -71,7 +71,7 @@ def test_draws_inside_a_compiled_graph_are_shared(neuron):
         return neuron_backend(gm, example_inputs)
 
     x = torch.randn(6, 6)
-    state = torch.random.get_rng_state()
+    state = StartState.now()
     with same_draws(state):
         expected = step(x)
     torch._dynamo.reset()
@@ -87,7 +87,7 @@ def test_draws_inside_a_compiled_graph_are_shared(neuron):
 
 
 def test_a_script_that_draws_in_another_order_is_named_at_the_first_parting():
-    state = torch.random.get_rng_state()
+    state = StartState.now()
     with same_draws(state) as a:
         torch.rand(3)
         torch.randn(2, 2)
@@ -315,11 +315,11 @@ def test_a_device_generator_of_the_script_draws_the_references_numbers(neuron):
     device was "the sides ask for different random numbers" at the second draw (NOT READY). It follows the
     reference's generator through draws, seeds and a state put back; a replay (same_draws) leaves the
     script's generators where they were."""
-    state = torch.random.get_rng_state()
+    state = StartState.now()
     with same_draws(state) as ref_draws:
         ref = _generator_program("cpu")
     with torch.random.fork_rng(devices=[]):
-        torch.random.set_rng_state(state)
+        torch.random.set_rng_state(state.cpu)
         with SharedDraws(shared=True) as tgt_draws:  # a target side's mode: for the whole script
             tgt = _generator_program("neuron")
     assert len(ref) == len(tgt) == 15

@@ -8,6 +8,9 @@ backward, and must stay quiet under the exact profile.
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -176,6 +179,40 @@ def test_a_fault_downstream_of_a_draw_is_judged_like_any_other(neuron):
     torch.manual_seed(0)
     result = localize(_Noisy(), (torch.randn(2, 4),), target_device="neuron", source_files=[__file__])
     assert not result and result.ops is not None and result.ops.first.op == "aten::sigmoid"
+
+
+class _DynamicDepth(nn.Module):
+    """PyTorch's dynamic_net example: a depth drawn with Python's ``random`` at every call, and NumPy's noise."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(4, 4)
+        self.shared = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.first(x)
+        for _ in range(random.randint(0, 6)):
+            y = torch.tanh(self.shared(y))
+        return y * float(np.random.uniform(0.5, 1.5))
+
+
+def test_a_model_that_draws_from_pythons_and_numpys_generators_draws_alike_on_every_side(neuron):
+    """Each side starts Python's and NumPy's generators where the caller's were, so two CPU runs agree and every
+    layer is judged (before: "numerics inconclusive", nothing after the first layer judged); the caller's
+    generators are left where they were, as if nothing had run; a fault in the repeated layer is still named."""
+    torch.manual_seed(0)
+    random.seed(5)
+    np.random.seed(5)
+    expected = (random.random(), np.random.random())
+    random.seed(5)
+    np.random.seed(5)
+    result = localize(_DynamicDepth(), (torch.randn(2, 4),), target_device="neuron")
+    assert (random.random(), np.random.random()) == expected
+    assert result.reference_deterministic and result and result.compared_layers == len(result.layers) > 2
+    emulator.set_faults("perturb@aten::tanh,rel=0.01")
+    random.seed(5)
+    result = localize(_DynamicDepth(), (torch.randn(2, 4),), target_device="neuron", source_files=[__file__])
+    assert result.reference_deterministic and not result and result.ops.first.op == "aten::tanh"
 
 
 def test_gradient_of_the_output_stands_in_for_an_unknown_loss(neuron, model):
