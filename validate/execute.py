@@ -63,6 +63,11 @@ def _audit(event: str, args: tuple) -> None:
     if event in ("tempfile.mkstemp", "tempfile.mkdtemp"):
         _temporaries.add(os.path.realpath(os.fsdecode(args[0])))
         return
+    if event in _CHANGES_ENTRIES:  # what the call changes is an entry of a folder: that folder is the side's own
+        for path in args[:2 if event == "os.rename" else 1]:
+            if isinstance(path, (str, bytes, os.PathLike)):
+                _write_apart(os.fsdecode(path), entry_only=event != "shutil.rmtree")
+        return
     if event != "open":
         return
     path, mode, flags = args
@@ -71,7 +76,66 @@ def _audit(event: str, args: tuple) -> None:
     writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
         isinstance(flags, int) and bool(flags & _WRITE_FLAGS))
     if writing:
+        if not (isinstance(mode, str) and "x" in mode) and not (isinstance(flags, int) and flags & os.O_EXCL):
+            truncating = (isinstance(mode, str) and "w" in mode) or (isinstance(flags, int) and bool(flags & os.O_TRUNC))
+            _write_apart(os.fsdecode(path), truncating=truncating)
         _writes.add(os.path.realpath(os.fsdecode(path)))
+
+
+_apart: tuple[Path, str] | None = None  # (the side's mirror, the folder it leaves out), while a side runs
+_making_apart = False  # _write_apart's own file operations raise audit events too
+# Audit events of calls that add, remove or rename a folder's entries (os.replace raises os.rename's): in a
+# folder of the side's own they change the mirror's links, never your files.
+_CHANGES_ENTRIES = frozenset({"os.remove", "os.rename", "os.rmdir", "os.mkdir", "shutil.rmtree"})
+
+
+def _write_apart(path: str, *, truncating: bool = False, entry_only: bool = False) -> None:
+    """Before the side writes ``path``: where the path reaches your folders through the mirror's links, each
+    linked folder on the way becomes a real folder of links, and the file a copy of its own (none where the
+    write truncates), so the write lands in the side's mirror and your file is left as it was. With
+    ``entry_only`` (a removal, a rename, a new folder) only the folders on the way are made the side's own:
+    the call then changes the mirror's entry, a link, not what it links to.
+
+    Without it a script that resumes from ``../checkpoints/last.pt`` and saves there again overwrote your
+    checkpoint from every run of the check, and each run resumed from the one before it: the reference, the
+    target and the perturbed runs trained from different steps (one check took a checkpoint from step 20 to
+    step 140). An open that must create the file (``x``, ``O_EXCL``) is left to fail on your file as it would."""
+    global _making_apart
+    if _apart is None or _making_apart:
+        return
+    top, skip = _apart
+    absolute = Path(os.path.abspath(path))
+    if top not in absolute.parents:
+        return
+    _making_apart = True
+    try:
+        here = top
+        parts = absolute.relative_to(top).parts
+        for i, name in enumerate(parts):
+            node = here / name
+            if not node.is_symlink():
+                if not node.is_dir():
+                    return  # not there yet (the side makes it), or a file of its own
+                here = node
+                continue
+            linked = os.readlink(node)
+            if i == len(parts) - 1 and not os.path.isdir(linked):
+                if entry_only:
+                    return
+                node.unlink()
+                if not truncating and os.path.isfile(linked):
+                    shutil.copy2(linked, node)  # appended to, or updated in place: a copy of its own
+                return
+            if not os.path.isdir(linked) or (entry_only and i == len(parts) - 1):
+                return
+            node.unlink()  # a folder of your folders (to be written in, or removed whole): one of links instead
+            node.mkdir()
+            _mirror(linked, node, 0, skip, {})
+            here = node
+    except OSError:
+        return  # the write goes where it would have gone; the outputs check still reports it
+    finally:
+        _making_apart = False
 
 
 _audit_installed = False
@@ -139,6 +203,29 @@ def _mirror(source: str, into: Path, depth: int, skip: str, stamps: dict[str, tu
             stamps[entry.path] = _stamp(entry.path)
 
 
+def _save_apart():
+    """``torch.save`` to a path makes its file in C++, past Python's ``open`` and its audit event: it gets its
+    path written apart first (:func:`_write_apart`). Returns what puts ``torch.save`` back."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return lambda: None
+    import torch.serialization
+
+    original = torch.serialization.save
+
+    def save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, bytes, os.PathLike)):
+            _write_apart(os.fsdecode(f), truncating=True)
+        return original(obj, f, *args, **kwargs)
+
+    torch.save = torch.serialization.save = save
+
+    def restore() -> None:
+        torch.save = torch.serialization.save = original
+
+    return restore
+
+
 def _ancestors(path: str, levels: int) -> list[str]:
     """``path`` and up to ``levels`` folders above it, the file system's root left out."""
     chain = [path]
@@ -167,7 +254,7 @@ def _own_working_directory(folder: str):
     again) held the real folders that run's script made where the user's had none yet, and hid the ones the
     user made since (pytorch/examples' mnist_forward_forward, run once before its ``./data/MNIST/raw`` was
     there and again after: "Error downloading" from an empty leftover folder)."""
-    global _writes, _audit_installed
+    global _writes, _audit_installed, _apart
     original = os.getcwd()
     chain = _ancestors(original, PARENT_LEVELS)
     top = Path(folder) / "cwd"
@@ -187,6 +274,8 @@ def _own_working_directory(folder: str):
     if not _audit_installed:
         sys.addaudithook(_audit)
         _audit_installed = True
+    _apart = (Path(os.path.abspath(top)), own)  # the side runs inside it: a relative --out would not resolve
+    save = _save_apart()
     _writes = set()
     _temporaries.clear()
     _processes.clear()
@@ -211,6 +300,8 @@ def _own_working_directory(folder: str):
         written = {p for p in _writes if os.path.lexists(p)
                    and not any(p == t or p.startswith(t + os.sep) for t in scratch)}
         _writes = None
+        _apart = None
+        save()
         multiprocessing.process.BaseProcess.start = start
         files["processes"] = len(_processes)
         os.chdir(original)

@@ -92,33 +92,58 @@ def test_a_fault_in_a_transformers_model_is_placed_at_transformers_own_line(vali
 
 def test_an_unchanged_script_reads_dot_dot_data_and_each_run_keeps_its_report(tmp_path):
     """pytorch/examples read ``../data`` relative to their folder; the user's shell redirects the output
-    into a file there. Neither trips the check, and two runs keep two report folders."""
+    into a file there. Neither trips the check, and two runs keep two report folders. The script resumes from
+    the user's ``../checkpoints/last.pt`` and saves there again, removes an older one and a cache folder, and
+    appends to the user's ``logs/train.txt``: every run of the check resumes from the user's checkpoint, and
+    the user's files are left as they were (before, each run overwrote the checkpoint through the mirror's link
+    and the next resumed from it, and the removals went through to the user's folders)."""
+    import json
+
+    import torch
+
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "values.txt").write_text(" ".join(str(i % 7) for i in range(64)))
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({"step": 3}, tmp_path / "checkpoints" / "last.pt")
+    (tmp_path / "checkpoints" / "old.pt").write_bytes(b"an older checkpoint")
+    (tmp_path / "cache" / "tokens").mkdir(parents=True)
+    (tmp_path / "cache" / "tokens" / "0.bin").write_bytes(b"tokens")
     project = tmp_path / "project"
-    project.mkdir()
+    (project / "logs").mkdir(parents=True)
+    (project / "logs" / "train.txt").write_text("the user's own log\n")
     (project / "train.py").write_text(textwrap.dedent("""\
+        import os
+        import shutil
         import torch
         from torch import nn
         device = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else "cpu"
         values = torch.tensor([float(v) for v in open("../data/values.txt").read().split()]).view(8, 8)
-        torch.manual_seed(0)
+        start = torch.load("../checkpoints/last.pt")["step"] if os.path.exists("../checkpoints/last.pt") else 0
+        print("resumed at", start)
+        torch.manual_seed(start)
         model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)).to(device)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        for step in range(5):
-            loss = model(values.to(device)).pow(2).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        with open("logs/train.txt", "a") as log:
+            for step in range(start, start + 5):
+                loss = model(values.to(device)).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                log.write(f"{step} {loss.item()}\\n")
+        torch.save({"step": start + 5}, "../checkpoints/last.pt")
+        os.remove("../checkpoints/old.pt")  # keeps the latest only
+        shutil.rmtree("../cache")
         print("done")
         """))
+    before = {p: p.read_bytes() for p in (tmp_path / "checkpoints" / "last.pt", tmp_path / "checkpoints" / "old.pt",
+                                          tmp_path / "cache" / "tokens" / "0.bin", project / "logs" / "train.txt")}
     exe = os.path.join(os.path.dirname(sys.executable), "neuron-validate")
     env = {**os.environ, "NEURON_VALIDATE_EMULATOR_PROFILE": "exact"}
     for _ in range(2):
         result = subprocess.run(f"'{exe}' train.py --json > log.txt 2> err.txt", shell=True, cwd=project, env=env,
                                 timeout=600)
         assert result.returncode == 0, (project / "err.txt").read_text()
-    import json
+    assert {p: p.read_bytes() for p in before} == before, "the check wrote into the user's files"
 
     report = json.loads((project / "log.txt").read_text())
     assert report["verdict"] == "ready", report["findings"]
@@ -127,6 +152,9 @@ def test_an_unchanged_script_reads_dot_dot_data_and_each_run_keeps_its_report(tm
     folders = sorted(p.name for p in runs.iterdir() if not p.is_symlink())
     assert len(folders) == 2 and (runs / "latest").resolve().name == folders[-1]
     assert (runs / "latest" / "report.json").exists() and (project / "runs" / "results.sqlite").exists()
+    printed = {p.parent.name: p.read_text() for p in (runs / "latest" / "work").glob("*/stdout.txt")}
+    assert {"reference", "target"} <= set(printed)
+    assert all(out.startswith("resumed at 3\n") for out in printed.values()), printed
 
 
 def test_a_random_kernel_that_raises_on_the_device_is_the_targets_failure(validate):
