@@ -203,27 +203,36 @@ def _mirror(source: str, into: Path, depth: int, skip: str, stamps: dict[str, tu
             stamps[entry.path] = _stamp(entry.path)
 
 
+# Writers that make their file in compiled code, past Python's ``open`` and its audit event, and write through a
+# link: (module, name, the index of the path among the arguments, its keyword). safetensors' ``save_file``
+# replaces a link with a file of its own, so it needs nothing.
+C_WRITERS = (("torch", "save", 1, "f"), ("torch.serialization", "save", 1, "f"))
+
+
 def _save_apart():
-    """``torch.save`` to a path makes its file in C++, past Python's ``open`` and its audit event: it gets its
-    path written apart first (:func:`_write_apart`). Returns what puts ``torch.save`` back."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return lambda: None
-    import torch.serialization
+    """Each of :data:`C_WRITERS` that the side has imported gets its path written apart first (:func:`_write_apart`).
+    Returns what puts them back."""
+    restore = []
+    for module_name, name, index, keyword in C_WRITERS:
+        module = sys.modules.get(module_name)
+        original = getattr(module, name, None)
+        if original is None:
+            continue
 
-    original = torch.serialization.save
+        def apart(*args, _original=original, _index=index, _keyword=keyword, **kwargs):
+            path = args[_index] if len(args) > _index else kwargs.get(_keyword)
+            if isinstance(path, (str, bytes, os.PathLike)):
+                _write_apart(os.fsdecode(path), truncating=True)
+            return _original(*args, **kwargs)
 
-    def save(obj, f, *args, **kwargs):
-        if isinstance(f, (str, bytes, os.PathLike)):
-            _write_apart(os.fsdecode(f), truncating=True)
-        return original(obj, f, *args, **kwargs)
+        setattr(module, name, apart)
+        restore.append((module, name, original))
 
-    torch.save = torch.serialization.save = save
+    def put_back() -> None:
+        for module, name, original in restore:
+            setattr(module, name, original)
 
-    def restore() -> None:
-        torch.save = torch.serialization.save = original
-
-    return restore
+    return put_back
 
 
 def _ancestors(path: str, levels: int) -> list[str]:
