@@ -454,7 +454,7 @@ def test_a_sides_outputs_are_its_own_writes_not_a_busy_parent_folders(tmp_path, 
     import sys
     import tempfile
 
-    from validate.execute import _own_working_directory
+    from validate.workdir import own_working_directory
 
     parent = tmp_path / "busy"
     project = parent / "project"
@@ -463,7 +463,7 @@ def test_a_sides_outputs_are_its_own_writes_not_a_busy_parent_folders(tmp_path, 
     (parent / "out.txt").write_text("the last run's")  # existed before: the side writes through its link
     (project / "weights.bin").write_bytes(b"old")
     monkeypatch.chdir(project)
-    with _own_working_directory(str(tmp_path / "side")) as files:
+    with own_working_directory(str(tmp_path / "side")) as files:
         subprocess.run([sys.executable, "-c", f"open({str(parent / 'other-job.log')!r}, 'a').write('more\\n')"],
                        check=True)
         fd, scratch = tempfile.mkstemp(dir=parent)
@@ -480,7 +480,7 @@ def test_a_sides_outputs_are_its_own_writes_not_a_busy_parent_folders(tmp_path, 
         monkeypatch.setattr(tempfile, "_candidate_tempdir_list", lambda: [str(parent)])
         monkeypatch.setattr(tempfile, "tempdir", None)
         assert tempfile.gettempdir() == str(parent)
-    # The script's own rewrite through ``..`` lands apart (validate.execute._write_apart), and the file it
+    # The script's own rewrite through ``..`` lands apart (validate.workdir._write_apart), and the file it
     # existed as is left as it was; C code in another process writes through the link, and is reported.
     assert files["shared"] == ["weights.bin"], files["shared"]
     assert "../out.txt" in files["created"] and (parent / "out.txt").read_text() == "the last run's"
@@ -490,18 +490,18 @@ def test_a_sides_working_directory_is_mirrored_afresh_for_every_run(tmp_path, mo
     """Run again with the same ``--out`` after adding the data the first run lacked: the second run sees the
     data, not the empty folders the first run's download attempt made (pytorch/examples' mnist_forward_forward:
     "Error downloading train-images-idx3-ubyte.gz" though ./data/MNIST/raw was there)."""
-    from validate.execute import _own_working_directory
+    from validate.workdir import own_working_directory
 
     project = tmp_path / "project"
     project.mkdir()
     monkeypatch.chdir(project)
-    with _own_working_directory(str(tmp_path / "side")) as files:
+    with own_working_directory(str(tmp_path / "side")) as files:
         os.makedirs("data/MNIST/raw")  # the script's failed download leaves its folders behind
     assert not (project / "data").exists()
     (project / "data" / "MNIST" / "raw").mkdir(parents=True)
     (project / "data" / "MNIST" / "raw" / "train-images").write_text("the user's data")
     (project / "kept.txt").write_text("the user's")
-    with _own_working_directory(str(tmp_path / "side")) as files:
+    with own_working_directory(str(tmp_path / "side")) as files:
         assert open("data/MNIST/raw/train-images").read() == "the user's data"
     assert (project / "kept.txt").read_text() == "the user's", "the user's files are never removed"
     assert files["created"] == [] and files["shared"] == []
