@@ -39,6 +39,7 @@ from conformance.target import GraphCounter, TargetSpec
 from .common import ChildSpec, SideObservations, localization_observations
 from .named_device import script_device, torch_neuronx_stand_in
 from .probes import compile_observations, error_info, fingerprint, named_inputs, placement_scan, wide_tensors
+from .workdir import as_run_in_mirror
 
 
 class StopScript(BaseException):
@@ -469,13 +470,37 @@ def observe(spec: ChildSpec, progress) -> dict:
     return result
 
 
+def run_as_main(path: str, file: str) -> None:
+    """``path`` run as ``__main__``, as ``runpy.run_path`` runs it, with ``__file__`` naming ``file`` (its copy in
+    the side's mirror). Its code keeps ``path`` as its file name, so tracebacks, the lines findings name and
+    the user's files the comparison prefers are yours."""
+    if file == path:
+        runpy.run_path(path, run_name="__main__")
+        return
+    import builtins
+    import types
+
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=file, __cached__=None, __loader__=None, __package__="", __spec__=None,
+                         __builtins__=builtins)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        sys.modules["__main__"] = saved
+
+
 def _run_script(spec: ChildSpec, here, state: _State, side: SideObservations, device_option: str | None, progress):
     """Runs the script as ``__main__`` with the recording hooks installed (and removed after), perturbed and
     drawing the reference's numbers where the spec asks; the script's failure is ``side.error``. Returns the
     op trace and the draws."""
     import torch
 
-    sys.argv = [spec.script, *_script_args(spec, str(here.device), device_option)]
+    as_run = as_run_in_mirror(spec.script) or spec.script  # the script's __file__: see validate.workdir
+    sys.argv = [as_run, *_script_args(spec, str(here.device), device_option)]
     sys.path.insert(0, os.path.dirname(spec.script))
     if here.compiles and here.is_emulated:
         from emulator import compile_backend
@@ -499,7 +524,7 @@ def _run_script(spec: ChildSpec, here, state: _State, side: SideObservations, de
     stand_in = torch_neuronx_stand_in(torch, TargetSpec.parse(spec.target).device, on_target=here.kind != "cpu")
     with here.track_ops() as tracker, perturb, draws, named, stand_in:
         try:
-            runpy.run_path(spec.script, run_name="__main__")
+            run_as_main(spec.script, as_run)
         except StopScript:
             state.stopped = True
         except SystemExit as exc:

@@ -256,6 +256,8 @@ def own_working_directory(folder: str):
         sys.addaudithook(_audit)
         _audit_installed = True
     _apart = (Path(os.path.abspath(top)), own)  # the side runs inside it: a relative --out would not resolve
+    _mirrored_from[:] = [os.path.realpath(chain[-1])]
+    _run_copies.clear()
     save = _save_apart()
     _writes = set()
     _temporaries.clear()
@@ -282,6 +284,7 @@ def own_working_directory(folder: str):
                    and not any(p == t or p.startswith(t + os.sep) for t in scratch)}
         _writes = None
         _apart = None
+        _mirrored_from.clear()
         save()
         multiprocessing.process.BaseProcess.start = start
         files["processes"] = len(_processes)
@@ -290,7 +293,8 @@ def own_working_directory(folder: str):
         for root, dirs, names in os.walk(top):
             dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
             files["created"] += sorted(os.path.relpath(os.path.join(root, n), here) for n in names
-                                       if not os.path.islink(os.path.join(root, n)))
+                                       if not os.path.islink(os.path.join(root, n))
+                                       and os.path.join(root, n) not in _run_copies)
         files["created"] = files["created"][:50]
         user, ours = os.path.realpath(chain[-1]), (os.path.realpath(folder), os.path.realpath(top))
         if os.environ.get(CRASH_DIR_ENV):  # the supervisor's fault logs: in the user's folders when that is /tmp
@@ -303,4 +307,28 @@ def own_working_directory(folder: str):
                                                               for part in Path(p).parts))[:50]
 
 
-__all__ = ["own_working_directory"]
+_mirrored_from: list[str] = []  # your folder that the mirror's top stands for, while a side runs
+_run_copies: set[str] = set()  # files of the mirror copied for the side to run (as_run_in_mirror): not its outputs
+
+
+def as_run_in_mirror(script: str) -> str | None:
+    """The script's place in the running side's mirror, made a file of its own (a copy, not a link), for the
+    script's ``__file__`` and ``sys.argv[0]``. A script that finds its folder from them
+    (``Path(__file__).resolve().parent / "checkpoints"``, ``os.path.dirname(os.path.realpath(__file__))``)
+    then writes into the mirror; with your path it wrote into your folder past the mirror, and every run of the
+    check resumed from the checkpoint the run before it had saved there. None where no side runs, or where the
+    script lies outside the mirrored folders (it then runs as it is)."""
+    if _apart is None or not _mirrored_from:
+        return None
+    real = os.path.realpath(script)
+    if not real.startswith(_mirrored_from[0] + os.sep):
+        return None
+    mirrored = _apart[0] / os.path.relpath(real, _mirrored_from[0])
+    _write_apart(str(mirrored))  # the folders on the way made the side's own, the script a copy
+    if mirrored.is_symlink() or not mirrored.is_file():
+        return None
+    _run_copies.add(str(mirrored))
+    return str(mirrored)
+
+
+__all__ = ["as_run_in_mirror", "own_working_directory"]

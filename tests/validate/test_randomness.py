@@ -94,9 +94,10 @@ def test_an_unchanged_script_reads_dot_dot_data_and_each_run_keeps_its_report(tm
     """pytorch/examples read ``../data`` relative to their folder; the user's shell redirects the output
     into a file there. Neither trips the check, and two runs keep two report folders. The script resumes from
     the user's ``../checkpoints/last.pt`` and saves there again, removes an older one and a cache folder, and
-    appends to the user's ``logs/train.txt``: every run of the check resumes from the user's checkpoint, and
-    the user's files are left as they were (before, each run overwrote the checkpoint through the mirror's link
-    and the next resumed from it, and the removals went through to the user's folders)."""
+    appends to the user's ``logs/train.txt`` beside itself (found from ``__file__``): every run of the check
+    resumes from the user's checkpoint, and the user's files are left as they were (before, each run overwrote
+    the checkpoint through the mirror's link and the next resumed from it, the removals went through to the
+    user's folders, and ``__file__`` named the user's own folder, past the mirror)."""
     import json
 
     import torch
@@ -123,7 +124,8 @@ def test_an_unchanged_script_reads_dot_dot_data_and_each_run_keeps_its_report(tm
         torch.manual_seed(start)
         model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)).to(device)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        with open("logs/train.txt", "a") as log:
+        here = os.path.dirname(os.path.realpath(__file__))  # the script's folder, found as many scripts find it
+        with open(os.path.join(here, "logs", "train.txt"), "a") as log:
             for step in range(start, start + 5):
                 loss = model(values.to(device)).pow(2).mean()
                 optimizer.zero_grad()
