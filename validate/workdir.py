@@ -49,7 +49,8 @@ def _audit(event: str, args: tuple) -> None:
         isinstance(flags, int) and bool(flags & _WRITE_FLAGS))
     if writing:
         if not (isinstance(mode, str) and "x" in mode) and not (isinstance(flags, int) and flags & os.O_EXCL):
-            truncating = (isinstance(mode, str) and "w" in mode) or (isinstance(flags, int) and bool(flags & os.O_TRUNC))
+            truncating = (isinstance(mode, str) and "w" in mode) or (
+                isinstance(flags, int) and bool(flags & os.O_TRUNC))
             _write_apart(os.fsdecode(path), truncating=truncating)
         _writes.add(os.path.realpath(os.fsdecode(path)))
 
@@ -294,7 +295,7 @@ def own_working_directory(folder: str):
             dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
             files["created"] += sorted(os.path.relpath(os.path.join(root, n), here) for n in names
                                        if not os.path.islink(os.path.join(root, n))
-                                       and os.path.join(root, n) not in _run_copies)
+                                       and os.path.abspath(os.path.join(root, n)) not in _run_copies)
         files["created"] = files["created"][:50]
         user, ours = os.path.realpath(chain[-1]), (os.path.realpath(folder), os.path.realpath(top))
         if os.environ.get(CRASH_DIR_ENV):  # the supervisor's fault logs: in the user's folders when that is /tmp
