@@ -490,7 +490,10 @@ def run_as_main(path: str, file: str) -> None:
     try:
         exec(code, main.__dict__)
     finally:
-        sys.modules["__main__"] = saved
+        if saved is None:
+            sys.modules.pop("__main__", None)
+        else:
+            sys.modules["__main__"] = saved
 
 
 def _run_script(spec: ChildSpec, here, state: _State, side: SideObservations, device_option: str | None, progress):
