@@ -203,22 +203,29 @@ def test_script_options_without_double_dash_suggest_it(tmp_path):
 
 
 def test_sides_write_their_outputs_apart_and_shared_files_are_reported(tmp_path):
+    """New files and files the script rewrites (``torch.save`` over an existing one) land in each side's own
+    folder, and the user's are left as they were; a file a process the script starts writes goes through
+    to the user's folder, and is reported."""
     work = tmp_path / "work"
     work.mkdir()
     import torch
 
     torch.save(torch.randn(8, 4), work / "inputs.pt")
     torch.save({}, work / "existing.pt")
+    (work / "notes.txt").write_text("the user's notes\n")
+    before = (work / "existing.pt").read_bytes()
     shutil.copy(script("writes_outputs.py"), work / "train.py")
     result = run_cli("neuron-validate", "train.py", "--json", cwd=str(work))
     import json
 
     report = json.loads(result.stdout)
     outputs = {f["subject"]: f for f in report["findings"] if f["check"] == "outputs"}
-    assert "existing.pt" in outputs["shared"]["title"] and outputs["shared"]["severity"] == "warning"
+    assert "notes.txt" in outputs["shared"]["title"] and outputs["shared"]["severity"] == "warning"
     assert "inputs.pt" not in outputs["shared"]["title"], "read, not written"
-    assert "model.pt" in outputs["created"]["title"]
+    assert "existing.pt" not in outputs["shared"]["title"], "written apart"
+    assert "model.pt" in outputs["created"]["title"] and "existing.pt" in outputs["created"]["title"]
     assert not (work / "model.pt").exists(), "each side's new files stay in its own folder"
+    assert (work / "existing.pt").read_bytes() == before, "the user's file is left as it was"
 
 
 def test_the_harness_own_fault_logs_are_not_the_scripts_outputs_when_run_in_the_temporary_folder(tmp_path):

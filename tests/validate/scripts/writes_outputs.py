@@ -1,5 +1,6 @@
-"""Writes model.pt (new) and existing.pt (exists in the working directory); reads inputs.pt."""
-import argparse, torch
+"""Writes model.pt (new) and existing.pt (exists in the working directory); reads inputs.pt; a process it starts
+appends to notes.txt (exists too), past the side's own Python."""
+import argparse, subprocess, sys, torch
 from torch import nn
 p = argparse.ArgumentParser(); p.add_argument("--save", default="model.pt"); p.add_argument("--data", default="inputs.pt")
 a = p.parse_args()
@@ -10,3 +11,4 @@ for _ in range(3):
     loss = m(x.to(device)).pow(2).mean(); loss.backward()
 torch.save(m.state_dict(), a.save)
 torch.save(m.state_dict(), "existing.pt")
+subprocess.run([sys.executable, "-c", "open('notes.txt', 'a').write('a line\\n')"], check=True)
