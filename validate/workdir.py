@@ -55,7 +55,8 @@ def _audit(event: str, args: tuple) -> None:
         _writes.add(os.path.realpath(os.fsdecode(path)))
 
 
-_apart: tuple[Path, str] | None = None  # (the side's mirror, the folder it leaves out), while a side runs
+# While a side runs: (its mirror's top, the folder the mirror leaves out, your folder the top stands for).
+_apart: tuple[Path, str, str] | None = None
 _making_apart = False  # _write_apart's own file operations raise audit events too
 # Audit events of calls that add, remove or rename a folder's entries (os.replace raises os.rename's): in a
 # folder of the side's own they change the mirror's links, never your files.
@@ -76,7 +77,7 @@ def _write_apart(path: str, *, truncating: bool = False, entry_only: bool = Fals
     global _making_apart
     if _apart is None or _making_apart:
         return
-    top, skip = _apart
+    top, skip, _ = _apart
     absolute = Path(os.path.abspath(path))
     if top not in absolute.parents:
         return
@@ -256,8 +257,8 @@ def own_working_directory(folder: str):
     if not _audit_installed:
         sys.addaudithook(_audit)
         _audit_installed = True
-    _apart = (Path(os.path.abspath(top)), own)  # the side runs inside it: a relative --out would not resolve
-    _mirrored_from[:] = [os.path.realpath(chain[-1])]
+    # Absolute: the side runs inside it, where a relative --out would not resolve.
+    _apart = (Path(os.path.abspath(top)), own, os.path.realpath(chain[-1]))
     _run_copies.clear()
     save = _save_apart()
     _writes = set()
@@ -285,7 +286,6 @@ def own_working_directory(folder: str):
                    and not any(p == t or p.startswith(t + os.sep) for t in scratch)}
         _writes = None
         _apart = None
-        _mirrored_from.clear()
         save()
         multiprocessing.process.BaseProcess.start = start
         files["processes"] = len(_processes)
@@ -308,7 +308,6 @@ def own_working_directory(folder: str):
                                                               for part in Path(p).parts))[:50]
 
 
-_mirrored_from: list[str] = []  # your folder that the mirror's top stands for, while a side runs
 _run_copies: set[str] = set()  # files of the mirror copied for the side to run (as_run_in_mirror): not its outputs
 
 
@@ -319,12 +318,13 @@ def as_run_in_mirror(script: str) -> str | None:
     then writes into the mirror; with your path it wrote into your folder past the mirror, and every run of the
     check resumed from the checkpoint the run before it had saved there. None where no side runs, or where the
     script lies outside the mirrored folders (it then runs as it is)."""
-    if _apart is None or not _mirrored_from:
+    if _apart is None:
         return None
+    top, _, root = _apart
     real = os.path.realpath(script)
-    if not real.startswith(_mirrored_from[0] + os.sep):
+    if not real.startswith(root + os.sep):
         return None
-    mirrored = _apart[0] / os.path.relpath(real, _mirrored_from[0])
+    mirrored = top / os.path.relpath(real, root)
     _write_apart(str(mirrored))  # the folders on the way made the side's own, the script a copy
     if mirrored.is_symlink() or not mirrored.is_file():
         return None
