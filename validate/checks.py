@@ -170,8 +170,10 @@ def check_numerics(obs: dict, ctx: CheckContext) -> list[Finding]:
         within = any("device precision" in ((loc.get(k) or {}).get("passed_by") or {}) for k in ("outputs", "gradients"))
         rule = ("within device precision: the noise floor of perturbed reference runs" if within else
                 "float64 golden rule, model tolerances")
+        modules = ((obs.get("target") or {}).get("model") or {}).get("modules") or {}
+        of = f" of {', '.join(modules)} (the first step's top-level modules)" if len(modules) > 1 else ""
         findings.append(Finding(check="numerics", severity="info",
-                                title=f"{what}outputs ({leaves}) and gradients ({grads or 0}) match the reference "
+                                title=f"{what}outputs ({leaves}) and gradients ({grads or 0}){of} match the reference "
                                       f"({rule})"
                                       + (f"; gradients not compared: {why}" if why and not grads else "")))
         return findings

@@ -19,10 +19,14 @@ side's device and watches it:
   keeps a copy of the model and of the inputs of that first call, and the
   gradient the script's loss sends into its output; after the script ends,
   :func:`diff.localize.localize` compares that call, module by module, against
-  the CPU in this process. In compile mode that model is compiled with the
-  target's backend (``model.compile()``) before its first call; a
-  ``torch.compile`` in the script itself gets the target's backend (on the
-  eager CPU reference it becomes a no-op).
+  the CPU in this process. A script that trains several top-level modules
+  (an embedding, an encoder and a head held apart; two towers of a contrastive
+  model) has each one's first call kept alike, up to the first ``backward()``,
+  and all of them compared (:class:`ScriptModules`): a fault in the encoder is
+  found where only the embedding was compared before. In compile mode each
+  such module is compiled with the target's backend (``model.compile()``)
+  before its first call; a ``torch.compile`` in the script itself gets the
+  target's backend (on the eager CPU reference it becomes a no-op).
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ import runpy
 import sys
 import time
 import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 from conformance.target import GraphCounter, TargetSpec
 
@@ -40,6 +48,38 @@ from .common import ChildSpec, SideObservations, localization_observations
 from .named_device import script_device, torch_neuronx_stand_in
 from .probes import compile_observations, error_info, fingerprint, named_inputs, placement_scan, wide_tensors
 from .workdir import as_run_in_mirror
+
+
+MAX_COMPARED_CALLS = 8  # top-level modules of the first step compared: bounds the copies kept and compared
+
+
+@dataclass(slots=True)
+class _Call:
+    """A top-level module's first call of the first training step, kept for the comparison (target side)."""
+
+    name: str  # the script's own name for the module (``enc``), else its class's
+    module: Any  # a weak reference to the live module
+    kind: str  # its class's name
+    autocast: str | None = None  # the dtype of the autocast region it ran in, if any
+    fingerprints: dict = field(default_factory=dict)
+    snapshot: Any = None  # a copy of the module as called (None: not copied)
+    inputs: Any = None  # (args, kwargs) on the CPU
+    grad_output: list = field(default_factory=list)  # the first gradient reaching each floating output
+    output_sizes: list = field(default_factory=list)
+
+
+class ScriptModules(torch.nn.Module):
+    """The top-level modules a script trained in its first step, each called with the inputs it had there: one
+    model for the comparison, whose layers carry the script's own names for them (``enc.layers.0.linear1``).
+    ``forward`` takes one ``(args, kwargs)`` per module and returns each module's output, in order."""
+
+    def __init__(self, modules: dict[str, torch.nn.Module]) -> None:
+        super().__init__()
+        for name, module in modules.items():
+            self.add_module(name, module)
+
+    def forward(self, *calls):
+        return tuple(module(*args, **kwargs) for module, (args, kwargs) in zip(self.children(), calls))
 
 
 class StopScript(BaseException):
@@ -67,12 +107,14 @@ class _State:
         self.harness_compiles = False
         self.first_call_time: float | None = None
         self.depth = 0
-        self.captured = False
+        self.captured = False  # a call that builds a graph was captured (the others are kept until backward())
+        self.frozen = False  # the first backward() after a capture: nothing more is captured
+        self.calls: list[_Call] = []  # the captured calls, the first one first
+        self.scanned: set[int] = set()  # modules whose placement was scanned
         self.snapshot = None
         self.copy_error = ""  # why the compared call's model could not be copied (its layers are not compared)
         self.inputs = None
-        self.grad_output: list = []
-        self.output_sizes: list[int] = []
+        self.grad: list | None = None  # the gradient the comparison's backward pass starts from
         self.root_type = ""
         self.root_scan: dict = {}
         self.wide: list = []
@@ -83,6 +125,7 @@ class _State:
         self.counters: list = []
         # The model's call that is compared: the first that builds a graph for gradients; a first call
         # without gradients (eval under no_grad, as nanoGPT's estimate_loss) is kept only until one does.
+        # Other top-level modules' first calls that build graphs before the first backward() are compared too.
         self.autocast = None  # the dtype of the autocast region the compared call ran in, if any
         self.root = None  # the compared model (a weak reference)
         # Each graph dynamo hands a backend on this side, in order: its input shapes and dtypes, and whether
@@ -205,6 +248,7 @@ def _recording_backward(state: _State, torch, orig_backward):
     def backward(tensors, grad_tensors=None, *args, **kwargs):
         if state.recording:
             state.backward_calls += 1
+            state.frozen = state.captured  # the first step's calls are all captured by its first backward()
             t = tensors if isinstance(tensors, torch.Tensor) else (
                 tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else None)
             if isinstance(t, torch.Tensor) and t.numel() == 1:
@@ -263,12 +307,13 @@ _PYTORCH_MACHINERY = ("torch.nn.utils.parametrize", "torch.nn.utils.parametrizat
 
 
 def _capturing_call(state: _State, torch, here, orig_call):
-    """Module.__call__ that captures the compared call (see _State), compiles it under a compile target, and
-    on the target keeps the gradient that reaches its outputs."""
+    """Module.__call__ that captures the compared calls (see _State), compiles them under a compile target, and
+    on the target keeps the gradient that reaches their outputs."""
     def call(self, *args, **kwargs):
-        # Dynamo traces this wrapper inside a compiled model and guards on each value it reads here: read
-        # nothing more before returning (a guard on the depth recompiled every model the harness compiles).
-        if state.captured or state.depth or not state.recording or torch.compiler.is_compiling():
+        # Dynamo traces this wrapper inside a compiled model and guards on each value it reads here: it reads
+        # nothing of the state there (a guard on the depth recompiled every model the harness compiles, and one
+        # on ``frozen`` recompiled it after the first backward()).
+        if torch.compiler.is_compiling() or state.frozen or state.depth or not state.recording:
             return orig_call(self, *args, **kwargs)
         if torch._C._functorch.peek_interpreter_stack() is not None:
             # Inside a torch.func transform (vmap, grad, jacrev) the inputs and the swapped-in parameters are
@@ -276,65 +321,95 @@ def _capturing_call(state: _State, torch, here, orig_call):
             if not any(True for _ in self.parameters()):
                 return orig_call(self, *args, **kwargs)
             state.in_transforms.setdefault(type(self).__name__, None)  # named if nothing else is compared
-            state.depth += 1  # its submodules' calls are not the model's
-            try:
-                return orig_call(self, *args, **kwargs)
-            finally:
-                state.depth -= 1
+            return _inside(state, orig_call, self, args, kwargs)
         if not any(True for _ in self.parameters()) or type(self).__module__ in _PYTORCH_MACHINERY:
             return orig_call(self, *args, **kwargs)
         builds_graph = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        # torch.compile(model) hands back a wrapper (_orig_mod); model.compile() compiles in place
+        model = getattr(self, "_orig_mod", self)
+        if isinstance(model, torch.nn.DataParallel):
+            # On one device it calls its module with the same inputs; copied to the CPU reference it refuses
+            # to run ("module must have its parameters and buffers on device neuron:0 (device_ids[0])").
+            model = model.module
 
-        def capture() -> None:
-            # torch.compile(model) hands back a wrapper (_orig_mod); model.compile() compiles in place
-            state.model_compiled = hasattr(self, "_orig_mod") or getattr(self, "_compiled_call_impl", None) is not None
-            model = getattr(self, "_orig_mod", self)
-            if isinstance(model, torch.nn.DataParallel):
-                # On one device it calls its module with the same inputs; copied to the CPU reference it refuses
-                # to run ("module must have its parameters and buffers on device neuron:0 (device_ids[0])").
-                model = model.module
-            _capture(state, torch, model, args, kwargs, here)
+        def capture() -> _Call:
+            compiled = hasattr(self, "_orig_mod") or getattr(self, "_compiled_call_impl", None) is not None
+            state.model_compiled = state.model_compiled or compiled
+            return _capture(state, torch, model, args, kwargs, here, name=_script_name(self, model, state))
 
         if not builds_graph:
             if not state.root_type:  # the first call: kept until a call with gradients replaces it
                 capture()
-            state.depth += 1  # its submodules' calls are not the model's
-            try:
-                return orig_call(self, *args, **kwargs)
-            finally:
-                state.depth -= 1
-        state.captured = True  # only a call that builds a graph is captured for good
-        capture()
+            return _inside(state, orig_call, self, args, kwargs)
+        if state.captured and (len(state.calls) >= MAX_COMPARED_CALLS
+                               or any(c.module() is model for c in state.calls)):
+            return _inside(state, orig_call, self, args, kwargs)  # compared already, or enough compared
+        if not state.captured:  # only a call that builds a graph is captured for good
+            state.calls.clear()
+            state.model_compiled = False
+            state.captured = True
+        entry = capture()
         if here.compiles and not hasattr(self, "_orig_mod"):
             state.harness_compiles = True  # the harness's compile, not the script's
             try:
                 self.compile(backend=state.compiled_graphs, dynamic=False)
             finally:
                 state.harness_compiles = False
-        state.depth += 1
-        try:
-            out = orig_call(self, *args, **kwargs)
-        finally:
-            state.depth -= 1
+        out = _inside(state, orig_call, self, args, kwargs)
         if state.spec.side == "target":
-            _keep_output_gradients(state, out)
+            _keep_output_gradients(entry, out)
         return out
     return call
 
 
-def _keep_output_gradients(state: _State, out) -> None:
-    """Hooks the compared call's floating outputs so the first gradient reaching each is kept (on the CPU):
-    the localisation's backward pass starts from it."""
+def _inside(state: _State, orig_call, module, args, kwargs):
+    """A top-level module's call, during which its submodules' calls are not taken for top-level ones."""
+    state.depth += 1
+    try:
+        return orig_call(module, *args, **kwargs)
+    finally:
+        state.depth -= 1
+
+
+def _script_name(called, model, state: _State) -> str:
+    """The script's own name for a module it calls (``enc`` for ``enc(x)``, ``model`` for ``self.model(x)``),
+    from the calling frame's variables, or its class's; unique among the captured calls."""
+    inside = os.path.dirname(torch.__file__)
+    frame = sys._getframe(3)
+    while frame is not None and frame.f_code.co_filename.startswith((inside, __file__)):
+        frame = frame.f_back
+    name = ""
+    if frame is not None:
+        scopes = [frame.f_locals]
+        owner = frame.f_locals.get("self")
+        if owner is not None:
+            scopes += [getattr(owner, "__dict__", {}), getattr(owner, "_modules", None) or {}]
+        scopes.append(frame.f_globals)
+        name = next((key for scope in scopes for key, value in list(scope.items())
+                     if (value is called or value is model) and key.isidentifier() and key != "self"), "")
+    name = name or type(model).__name__.lower()
+    if hasattr(torch.nn.Module, name):  # a variable named ``train`` or ``forward``: not a submodule's name
+        name += "_"
+    taken = {c.name for c in state.calls}
+    unique, k = name, 2
+    while unique in taken:
+        unique, k = f"{name}_{k}", k + 1
+    return unique
+
+
+def _keep_output_gradients(entry: _Call, out) -> None:
+    """Hooks a compared call's floating outputs so the first gradient reaching each is kept (on the CPU): the
+    localisation's backward pass starts from it."""
     from diff.sides import float_leaves, to_device
 
     leaves = float_leaves(out)
-    state.grad_output = [None] * len(leaves)
-    state.output_sizes = [t.numel() for t in leaves]
+    entry.grad_output = [None] * len(leaves)
+    entry.output_sizes = [t.numel() for t in leaves]
 
     def hook_for(j):
         def hook(grad):
-            if state.grad_output[j] is None:
-                state.grad_output[j] = to_device(grad, "cpu", requires_grad=False)
+            if entry.grad_output[j] is None:
+                entry.grad_output[j] = to_device(grad, "cpu", requires_grad=False)
         return hook
 
     for j, leaf in enumerate(leaves):
@@ -364,40 +439,86 @@ def _counting_compile(state: _State, torch, here, orig_compile):
     return compile_
 
 
-def _capture(state: _State, torch, root, args, kwargs, target) -> None:
-    """At the compared call: a copy of the model, its inputs, and what the target will do with them.
+def _capture(state: _State, torch, root, args, kwargs, target, *, name: str) -> _Call:
+    """At a compared call: a copy of the module, its inputs, and what the target will do with them.
 
-    Called again for a later call that builds a graph when the first ran without gradients; each capture
-    replaces the last, so both sides always describe the same call.
+    A first call without gradients is kept until a call that builds a graph replaces it, so that both sides
+    always describe the same calls. The fingerprints of the calls captured so far are the side's.
     """
     from diff.sides import model_copy, to_device
 
-    first = state.first_call_time is None
-    if first:
+    if state.first_call_time is None:
         state.first_call_time = time.perf_counter()
-    state.root_type = type(root).__name__
-    state.root = weakref.ref(root)
+    if not state.calls:
+        state.root_type = type(root).__name__
+        state.root = weakref.ref(root)
+    entry = _Call(name=name, module=weakref.ref(root), kind=type(root).__name__)
     sketches: dict[str, list] = {"parameters_sketch": [], "inputs_sketch": []}
-    state.fingerprints = {"parameters": fingerprint(root.state_dict().values(), sketches["parameters_sketch"]),
+    entry.fingerprints = {"parameters": fingerprint(root.state_dict().values(), sketches["parameters_sketch"]),
                           "inputs": fingerprint((t for _, t in named_inputs(args, kwargs)), sketches["inputs_sketch"]),
                           **sketches}
     device_type = target.device.type if state.spec.side == "target" else "cpu"
-    state.autocast = (str(torch.get_autocast_dtype(device_type)).removeprefix("torch.")
+    entry.autocast = (str(torch.get_autocast_dtype(device_type)).removeprefix("torch.")
                       if torch.is_autocast_enabled(device_type) else None)
+    state.calls.append(entry)
+    state.fingerprints = _joint_fingerprints(state.calls)
+    state.autocast = state.calls[0].autocast
     if state.spec.side != "target":
-        return
-    if first:
-        state.root_scan = placement_scan(root, target.device.type)
-        state.wide = wide_tensors([*named_inputs(args, kwargs), *root.named_parameters(), *root.named_buffers()])
+        return entry
+    if id(root) not in state.scanned:
+        state.scanned.add(id(root))
+        prefix = "" if len(state.calls) == 1 else f"{name}."
+        scan = placement_scan(root, target.device.type)
+        for key, found in scan.items():
+            merged = state.root_scan.setdefault(key, [])
+            merged += [{**item, "name": prefix + item["name"]} if "name" in item else item for item in found]
+        state.wide += [{**item, "name": prefix + item["name"]} for item in
+                       wide_tensors([*named_inputs(args, kwargs), *root.named_parameters(), *root.named_buffers()])]
     if not state.spec.localize:
-        return
+        return entry
     try:
-        state.snapshot = model_copy(root)
-        state.copy_error = ""
-        state.inputs = to_device((tuple(args), dict(kwargs)), "cpu", requires_grad=False)
+        entry.snapshot = model_copy(root)
+        entry.inputs = to_device((tuple(args), dict(kwargs)), "cpu", requires_grad=False)
     except Exception as exc:  # noqa: BLE001 - a model that cannot be copied is still validated, without layers
         state.copy_error = f"the model cannot be copied ({type(exc).__name__}: {exc})"
-        state.snapshot = None
+    return entry
+
+
+def _joint_fingerprints(calls: list[_Call]) -> dict:
+    """The fingerprints of the calls captured (validate.checks compares them between the sides): the weights
+    of every module, the inputs of the first alone. A later module's inputs are computed on the side's device
+    (the encoder's output the head takes), so they differ wherever the device rounds otherwise."""
+    if len(calls) == 1:
+        return calls[0].fingerprints
+    import hashlib
+
+    first = calls[0].fingerprints
+    return {"parameters": hashlib.sha1("|".join(c.fingerprints["parameters"] for c in calls).encode()).hexdigest()[:16],
+            "parameters_sketch": [s for c in calls for s in c.fingerprints["parameters_sketch"]],
+            "inputs": first["inputs"], "inputs_sketch": first["inputs_sketch"]}
+
+
+def _compared(state: _State) -> None:
+    """The captured calls as the one model call the comparison runs (state.snapshot, inputs and grad): the call
+    itself where one was captured, else :class:`ScriptModules` of every call that was copied and ran under the
+    first one's autocast."""
+    usable = [c for c in state.calls if c.snapshot is not None and c.autocast == state.autocast]
+    left = [c.name for c in state.calls if c not in usable]
+    if left and usable:
+        state.notes.append(f"not compared layer by layer: {', '.join(left)} (not copied, or under another "
+                           "autocast than the first module's)")
+    if not usable:
+        return
+    state.copy_error = ""
+    grads = [_upstream_gradient(c.grad_output, c.output_sizes) or [None] * len(c.output_sizes) for c in usable]
+    state.grad = [g for per_call in grads for g in per_call]
+    if not any(g is not None for g in state.grad):
+        state.grad = None
+    if len(usable) == 1:
+        state.snapshot, state.inputs = usable[0].snapshot, usable[0].inputs
+        return
+    state.snapshot = ScriptModules({c.name: c.snapshot for c in usable})
+    state.inputs = (tuple(c.inputs for c in usable), {})
 
 
 @contextlib.contextmanager
@@ -421,7 +542,7 @@ def _why_no_gradients(state: _State) -> str | None:
     if not state.captured and state.root_type:
         return ("the model was only called without gradients (eval under torch.no_grad or inference_mode); "
                 "its outputs are compared, its gradients cannot be")
-    if state.captured and not any(g is not None for g in state.grad_output):
+    if state.captured and not any(g is not None for c in state.calls for g in c.grad_output):
         if not state.backward_calls:  # ensembling or inference: nothing to differentiate, and nothing wrong
             return "the script calls no backward(), so there are no gradients to compare"
         return ("no gradient reached the model's output from the script's backward() (the script stopped "
@@ -457,6 +578,7 @@ def observe(spec: ChildSpec, progress) -> dict:
     state = _State(spec, progress)
     side = SideObservations()
     trace, draws = _run_script(spec, here, state, side, device_option, progress)
+    _compared(state)
     _side_observations(here, state, side, draws)
     if spec.side == "target":
         _target_observations(here, state, side, trace, draws, result)
@@ -590,6 +712,8 @@ def _side_observations(here, state: _State, side: SideObservations, draws) -> No
     side.extra["script_compiles"] = list(dict.fromkeys(state.script_compiles))
     side.extra["draws"] = draws.log.to_dict()
     side.extra["model"] = {"class": state.root_type} if state.root_type else None
+    if len(state.calls) > 1:
+        side.extra["model"]["modules"] = {c.name: c.kind for c in state.calls}
     side.extra["called_in_transforms"] = list(state.in_transforms)
 
 
@@ -624,7 +748,7 @@ def _compare_snapshot(spec: ChildSpec, here, state: _State, side: SideObservatio
     from conformance.target import resolve_target
 
     progress(side="target", phase="localize")
-    grad = _upstream_gradient(state.grad_output, state.output_sizes)
+    grad = state.grad
     args, kwargs = state.inputs
     reference = resolve_target("cpu")
     try:

@@ -610,9 +610,9 @@ def test_why_gradients_are_not_compared_is_said_in_the_scripts_terms():
 
     from validate.training import _why_no_gradients
 
-    called = dict(captured=True, root_type="SimpleMLP", grad_output=[None])
+    called = dict(captured=True, root_type="SimpleMLP", calls=[SimpleNamespace(grad_output=[None])])
     assert _why_no_gradients(SimpleNamespace(**called, backward_calls=0)) == (
         "the script calls no backward(), so there are no gradients to compare")
     assert "stopped before it" in _why_no_gradients(SimpleNamespace(**called, backward_calls=3))
     assert "only called without gradients" in _why_no_gradients(
-        SimpleNamespace(captured=False, root_type="SimpleMLP", grad_output=[], backward_calls=0))
+        SimpleNamespace(captured=False, root_type="SimpleMLP", calls=[], backward_calls=0))

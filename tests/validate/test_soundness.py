@@ -368,3 +368,18 @@ def test_a_script_that_ends_with_os_exit_is_checked(validate):
     assert run.report["curves"]["steps"] == 6
     failed = validate(script("exits_hard.py"), "--emulator-profile", "exact", env={"EXIT_STATUS": "3"})
     assert failed.returncode == 2 and "exited with status 3" in failed.stderr, failed.stderr
+
+
+def test_every_top_level_module_the_first_step_trains_is_compared_and_a_fault_in_a_later_one_is_named(validate):
+    """An embedding, an encoder and a head held apart, as many scripts hold a model: only the first module
+    called (the embedding) was compared, and a 1% tanh fault in the encoder was READY (its loss curves agreed).
+    Each module's first call of the first step is compared now, on the inputs it had on the target; the
+    teacher called without gradients is not."""
+    clean = _ready_and_a_fault_named(validate, "separate_modules.py", "perturb@aten::tanh,rel=0.01", "aten::tanh")
+    assert clean.report["model"]["modules"] == {"embedding": "Embedding", "encoder": "Sequential", "head": "Linear"}
+    assert "of embedding, encoder, head" in clean.findings("numerics", "info")[0]["title"]
+    assert clean.report["numerics"]["gradients"]["leaves"] == 7, "every trained parameter's gradient is compared"
+    faulty = validate(script("separate_modules.py"), "--emulator-profile", "exact",
+                      env={"NEURON_VALIDATE_FAULTS": "perturb@aten::tanh,rel=0.01"})
+    (numerics,) = faulty.findings("numerics", "error")
+    assert numerics["data"]["culprit"].startswith("encoder."), numerics
