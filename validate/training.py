@@ -21,8 +21,8 @@ side's device and watches it:
   :func:`diff.localize.localize` compares that call, module by module, against
   the CPU in this process. A script that trains several top-level modules
   (an embedding, an encoder and a head held apart; two towers of a contrastive
-  model) has each one's first call kept alike, up to the first ``backward()``,
-  and all of them compared (:class:`ScriptModules`): a fault in the encoder is
+  model; a GAN's two networks) has each one's first call kept alike, up to
+  the first optimizer step, and all of them compared (:class:`ScriptModules`): a fault in the encoder is
   found where only the embedding was compared before. In compile mode each
   such module is compiled with the target's backend (``model.compile()``)
   before its first call; a ``torch.compile`` in the script itself gets the
@@ -107,8 +107,8 @@ class _State:
         self.harness_compiles = False
         self.first_call_time: float | None = None
         self.depth = 0
-        self.captured = False  # a call that builds a graph was captured (the others are kept until backward())
-        self.frozen = False  # the first backward() after a capture: nothing more is captured
+        self.captured = False  # a call that builds a graph was captured (others are, until the first step ends)
+        self.frozen = False  # the first step is over (see _first_step_over): nothing more is captured
         self.calls: list[_Call] = []  # the captured calls, the first one first
         self.scanned: set[int] = set()  # modules whose placement was scanned
         self.snapshot = None
@@ -125,7 +125,7 @@ class _State:
         self.counters: list = []
         # The model's call that is compared: the first that builds a graph for gradients; a first call
         # without gradients (eval under no_grad, as nanoGPT's estimate_loss) is kept only until one does.
-        # Other top-level modules' first calls that build graphs before the first backward() are compared too.
+        # Other top-level modules' first calls that build graphs in the first step are compared too.
         self.autocast = None  # the dtype of the autocast region the compared call ran in, if any
         self.root = None  # the compared model (a weak reference)
         # Each graph dynamo hands a backend on this side, in order: its input shapes and dtypes, and whether
@@ -248,7 +248,7 @@ def _recording_backward(state: _State, torch, orig_backward):
     def backward(tensors, grad_tensors=None, *args, **kwargs):
         if state.recording:
             state.backward_calls += 1
-            state.frozen = state.captured  # the first step's calls are all captured by its first backward()
+            _first_step_over(state, optimizer_stepped=False)
             t = tensors if isinstance(tensors, torch.Tensor) else (
                 tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else None)
             if isinstance(t, torch.Tensor) and t.numel() == 1:
@@ -265,6 +265,16 @@ def _recording_backward(state: _State, torch, orig_backward):
                                    loss=value)
         return orig_backward(tensors, grad_tensors, *args, **kwargs)
     return backward
+
+
+def _first_step_over(state: _State, *, optimizer_stepped: bool) -> None:
+    """Ends the capture of the first step's top-level calls: at its first optimizer step, or, in a script that
+    steps none before, at its second backward(). A GAN's first step calls the generator between the
+    discriminator's two backward() calls (real, then fake) and steps the discriminator after them: it is
+    captured with the discriminator, where stopping at the first backward() left it out (a 1% tanh fault in
+    the generator was READY)."""
+    if state.captured and (optimizer_stepped or state.backward_calls >= 2):
+        state.frozen = True
 
 
 def _step_recorder(state: _State):
@@ -284,6 +294,7 @@ def _step_recorder(state: _State):
         state.in_step = max(0, state.in_step - 1)
         if not state.recording or not state.pending:
             return
+        _first_step_over(state, optimizer_stepped=True)
         state.optimizers.add(id(optimizer))
         state.optimizer_steps += 1
         value = sum(state.pending) / len(state.pending)
@@ -312,7 +323,7 @@ def _capturing_call(state: _State, torch, here, orig_call):
     def call(self, *args, **kwargs):
         # Dynamo traces this wrapper inside a compiled model and guards on each value it reads here: it reads
         # nothing of the state there (a guard on the depth recompiled every model the harness compiles, and one
-        # on ``frozen`` recompiled it after the first backward()).
+        # on ``frozen`` recompiled it when the first step ended).
         if torch.compiler.is_compiling() or state.frozen or state.depth or not state.recording:
             return orig_call(self, *args, **kwargs)
         if torch._C._functorch.peek_interpreter_stack() is not None:

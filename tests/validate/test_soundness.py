@@ -383,3 +383,15 @@ def test_every_top_level_module_the_first_step_trains_is_compared_and_a_fault_in
                       env={"NEURON_VALIDATE_FAULTS": "perturb@aten::tanh,rel=0.01"})
     (numerics,) = faulty.findings("numerics", "error")
     assert numerics["data"]["culprit"].startswith("encoder."), numerics
+
+
+def test_a_gans_generator_called_between_the_discriminators_backward_passes_is_compared(validate):
+    """dcgan's first step: D's backward on real data, then G's fake through D, D's second backward, D's step.
+    Capturing stopped at the first backward() and compared D alone: a 1% tanh fault in G was READY (its curves
+    agree within 0.2%). The capture now lasts until the first optimizer step."""
+    clean = _ready_and_a_fault_named(validate, "gan_step.py", "perturb@aten::tanh,rel=0.01", "aten::tanh")
+    assert clean.report["model"]["modules"] == {"netD": "Sequential", "netG": "Sequential"}
+    faulty = validate(script("gan_step.py"), "--emulator-profile", "exact",
+                      env={"NEURON_VALIDATE_FAULTS": "perturb@aten::tanh,rel=0.01"})
+    (numerics,) = faulty.findings("numerics", "error")
+    assert numerics["data"]["culprit"] == "netG.4", numerics
