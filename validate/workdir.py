@@ -38,7 +38,9 @@ def _audit(event: str, args: tuple) -> None:
     if event in _CHANGES_ENTRIES:  # what the call changes is an entry of a folder: that folder is the side's own
         for path in args[:2 if event == "os.rename" else 1]:
             if isinstance(path, (str, bytes, os.PathLike)):
-                _write_apart(os.fsdecode(path), entry_only=event != "shutil.rmtree")
+                # A folder removed (whole, or empty) becomes one of links first: rmtree refuses a link, and
+                # rmdir a link is "Not a directory" (an empty folder of links is removed, a full one is not).
+                _write_apart(os.fsdecode(path), entry_only=event not in ("shutil.rmtree", "os.rmdir"))
         return
     if event != "open":
         return

@@ -616,3 +616,24 @@ def test_why_gradients_are_not_compared_is_said_in_the_scripts_terms():
     assert "stopped before it" in _why_no_gradients(SimpleNamespace(**called, backward_calls=3))
     assert "only called without gradients" in _why_no_gradients(
         SimpleNamespace(captured=False, root_type="SimpleMLP", calls=[], backward_calls=0))
+
+
+def test_a_script_run_as_main_sees_its_copy_as_file_and_leaves_a_process_without_main_as_it_was(tmp_path):
+    """run_as_main runs the user's code under the user's path (tracebacks name it) with ``__file__`` naming the
+    copy in the side's folder; a process that had no ``__main__`` module has none afterwards either."""
+    import sys
+
+    from validate.training import run_as_main
+
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nseen = (__file__, __name__, sys.modules['__main__'].__dict__ is globals())\n"
+                      "sys.modules['seen_by_test'] = seen\n")
+    copy = tmp_path / "mirror" / "train.py"
+    saved = sys.modules.pop("__main__", None)
+    try:
+        run_as_main(str(script), str(copy))
+        assert "__main__" not in sys.modules
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+    assert sys.modules.pop("seen_by_test") == (str(copy), "__main__", True)

@@ -93,8 +93,9 @@ def test_a_fault_in_a_transformers_model_is_placed_at_transformers_own_line(vali
 def test_an_unchanged_script_reads_dot_dot_data_and_each_run_keeps_its_report(tmp_path):
     """pytorch/examples read ``../data`` relative to their folder; the user's shell redirects the output
     into a file there. Neither trips the check, and two runs keep two report folders. The script resumes from
-    the user's ``../checkpoints/last.pt`` and saves there again, removes an older one and a cache folder, and
-    appends to the user's ``logs/train.txt`` beside itself (found from ``__file__``): every run of the check
+    the user's ``../checkpoints/last.pt``, keeps it as ``prev.pt`` (``os.replace``) and saves there again
+    (``torch.save(f=...)``), makes a folder there, removes an older checkpoint, an empty folder and a cache
+    folder, and appends to the user's ``logs/train.txt`` beside itself (found from ``__file__``): every run of the check
     resumes from the user's checkpoint, and the user's files are left as they were (before, each run overwrote
     the checkpoint through the mirror's link and the next resumed from it, the removals went through to the
     user's folders, and ``__file__`` named the user's own folder, past the mirror)."""
@@ -107,6 +108,7 @@ def test_an_unchanged_script_reads_dot_dot_data_and_each_run_keeps_its_report(tm
     (tmp_path / "checkpoints").mkdir()
     torch.save({"step": 3}, tmp_path / "checkpoints" / "last.pt")
     (tmp_path / "checkpoints" / "old.pt").write_bytes(b"an older checkpoint")
+    (tmp_path / "empty").mkdir()
     (tmp_path / "cache" / "tokens").mkdir(parents=True)
     (tmp_path / "cache" / "tokens" / "0.bin").write_bytes(b"tokens")
     project = tmp_path / "project"
@@ -132,8 +134,11 @@ def test_an_unchanged_script_reads_dot_dot_data_and_each_run_keeps_its_report(tm
                 loss.backward()
                 optimizer.step()
                 log.write(f"{step} {loss.item()}\\n")
-        torch.save({"step": start + 5}, "../checkpoints/last.pt")
-        os.remove("../checkpoints/old.pt")  # keeps the latest only
+        os.replace("../checkpoints/last.pt", "../checkpoints/prev.pt")  # keeps the one before
+        torch.save({"step": start + 5}, f="../checkpoints/last.pt")
+        os.remove("../checkpoints/old.pt")  # keeps the latest two only
+        os.makedirs("../checkpoints/best", exist_ok=True)
+        os.rmdir("../empty")
         shutil.rmtree("../cache")
         print("done")
         """))
@@ -146,6 +151,8 @@ def test_an_unchanged_script_reads_dot_dot_data_and_each_run_keeps_its_report(tm
                                 timeout=600)
         assert result.returncode == 0, (project / "err.txt").read_text()
     assert {p: p.read_bytes() for p in before} == before, "the check wrote into the user's files"
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["last.pt", "old.pt"], "entries made or renamed there"
+    assert (tmp_path / "empty").is_dir(), "the user's empty folder was removed"
 
     report = json.loads((project / "log.txt").read_text())
     assert report["verdict"] == "ready", report["findings"]
