@@ -22,11 +22,12 @@ side's device and watches it:
   the CPU in this process. A script that trains several top-level modules
   (an embedding, an encoder and a head held apart; two towers of a contrastive
   model; a GAN's two networks) has each one's first call kept alike, up to
-  the first optimizer step, and all of them compared (:class:`ScriptModules`): a fault in the encoder is
-  found where only the embedding was compared before. In compile mode each
-  such module is compiled with the target's backend (``model.compile()``)
-  before its first call; a ``torch.compile`` in the script itself gets the
-  target's backend (on the eager CPU reference it becomes a no-op).
+  the first optimizer step, and all of them compared (:class:`ScriptModules`):
+  a fault in the encoder is found where only the embedding was compared
+  before. In compile mode each such module is compiled with the target's
+  backend (``model.compile()``) before its first call; a ``torch.compile`` in
+  the script itself gets the target's backend (on the eager CPU reference it
+  becomes a no-op).
 """
 
 from __future__ import annotations
