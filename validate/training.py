@@ -21,8 +21,8 @@ side's device and watches it:
   :func:`diff.localize.localize` compares that call, module by module, against
   the CPU in this process. A script that trains several top-level modules
   (an embedding, an encoder and a head held apart; two towers of a contrastive
-  model; a GAN's two networks) has each one's first call kept alike, up to
-  the first optimizer step, and all of them compared (:class:`ScriptModules`):
+  model; a GAN's two networks) has each one's first call kept alike, until
+  every optimizer has stepped, and all of them compared (:class:`ScriptModules`):
   a fault in the encoder is found where only the embedding was compared
   before. In compile mode each such module is compiled with the target's
   backend (``model.compile()``) before its first call; a ``torch.compile`` in
@@ -103,6 +103,8 @@ class _State:
         self.closure_steps = 0  # steps whose backward() calls ran in the optimizer's closure
         self.optimizer_steps = 0
         self.optimizers: set[int] = set()  # those whose steps closed a training step (a GAN has two)
+        self.optimizers_made = weakref.WeakSet()  # every optimizer the script made
+        self.stepped: set[int] = set()  # those that have stepped
         self.script_compiles: list[str] = []  # where the script calls torch.compile itself
         self.model_compiled = False  # the compared call went through the script's own compile of the model
         self.harness_compiles = False
@@ -183,7 +185,8 @@ def _install(state: _State, torch, here) -> dict:
     from torch.amp.grad_scaler import GradScaler
 
     originals = {"backward": torch.autograd.backward, "call": torch.nn.Module.__call__, "compile": torch.compile,
-                 "scale": GradScaler.scale}
+                 "scale": GradScaler.scale, "optimizer_init": torch.optim.Optimizer.__init__}
+    torch.optim.Optimizer.__init__ = _noting_optimizer(state, originals["optimizer_init"])
     torch.autograd.backward = _recording_backward(state, torch, originals["backward"])
     GradScaler.scale = _marking_scale(originals["scale"])
     torch.nn.Module.__call__ = _capturing_call(state, torch, here, originals["call"])
@@ -219,6 +222,7 @@ def _uninstall(torch, originals: dict) -> None:
     from torch.amp.grad_scaler import GradScaler
 
     GradScaler.scale = originals["scale"]
+    torch.optim.Optimizer.__init__ = originals["optimizer_init"]
     torch.autograd.backward = originals["backward"]
     torch.nn.Module.__call__ = originals["call"]
     torch.compile = originals["compile"]
@@ -249,7 +253,7 @@ def _recording_backward(state: _State, torch, orig_backward):
     def backward(tensors, grad_tensors=None, *args, **kwargs):
         if state.recording:
             state.backward_calls += 1
-            _first_step_over(state, optimizer_stepped=False)
+            _first_step_over(state)
             t = tensors if isinstance(tensors, torch.Tensor) else (
                 tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else None)
             if isinstance(t, torch.Tensor) and t.numel() == 1:
@@ -268,14 +272,30 @@ def _recording_backward(state: _State, torch, orig_backward):
     return backward
 
 
-def _first_step_over(state: _State, *, optimizer_stepped: bool) -> None:
-    """Ends the capture of the first step's top-level calls: at its first optimizer step, or, in a script that
-    steps none before, at its second backward(). A GAN's first step calls the generator between the
-    discriminator's two backward() calls (real, then fake) and steps the discriminator after them: it is
-    captured with the discriminator, where stopping at the first backward() left it out (a 1% tanh fault in
-    the generator was READY)."""
-    if state.captured and (optimizer_stepped or state.backward_calls >= 2):
-        state.frozen = True
+def _noting_optimizer(state: _State, orig_init):
+    """Optimizer.__init__ that notes each optimizer the script makes (see :func:`_first_step_over`)."""
+    import functools
+
+    @functools.wraps(orig_init)
+    def init(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        state.optimizers_made.add(self)
+    return init
+
+
+def _first_step_over(state: _State) -> None:
+    """Ends the capture of the first step's top-level calls once every optimizer the script made has stepped
+    (at the second backward() of a script that makes none). A GAN's generator is called between the
+    discriminator's two backward() calls (dcgan) or only after several critic steps, under ``no_grad`` until
+    then (WGAN): it is captured with the discriminator, where stopping at the first backward() or the first
+    step left it out (a 1% tanh fault in the generator was READY)."""
+    if not state.captured:
+        return
+    made = list(state.optimizers_made)
+    if made:
+        state.frozen = all(id(optimizer) in state.stepped for optimizer in made)
+    else:
+        state.frozen = state.backward_calls >= 2
 
 
 def _step_recorder(state: _State):
@@ -293,9 +313,11 @@ def _step_recorder(state: _State):
 
     def optimizer_step(optimizer, args, kwargs) -> None:
         state.in_step = max(0, state.in_step - 1)
+        if state.recording:
+            state.stepped.add(id(optimizer))
+            _first_step_over(state)
         if not state.recording or not state.pending:
             return
-        _first_step_over(state, optimizer_stepped=True)
         state.optimizers.add(id(optimizer))
         state.optimizer_steps += 1
         value = sum(state.pending) / len(state.pending)

@@ -385,13 +385,19 @@ def test_every_top_level_module_the_first_step_trains_is_compared_and_a_fault_in
     assert numerics["data"]["culprit"].startswith("encoder."), numerics
 
 
-def test_a_gans_generator_called_between_the_discriminators_backward_passes_is_compared(validate):
+def test_a_gans_generator_is_compared_with_its_discriminator_and_a_fault_in_it_is_named(validate):
     """dcgan's first step: D's backward on real data, then G's fake through D, D's second backward, D's step.
-    Capturing stopped at the first backward() and compared D alone: a 1% tanh fault in G was READY (its curves
-    agree within 0.2%). The capture now lasts until the first optimizer step."""
-    clean = _ready_and_a_fault_named(validate, "gan_step.py", "perturb@aten::tanh,rel=0.01", "aten::tanh")
-    assert clean.report["model"]["modules"] == {"netD": "Sequential", "netG": "Sequential"}
-    faulty = validate(script("gan_step.py"), "--emulator-profile", "exact",
-                      env={"NEURON_VALIDATE_FAULTS": "perturb@aten::tanh,rel=0.01"})
-    (numerics,) = faulty.findings("numerics", "error")
-    assert numerics["data"]["culprit"] == "netG.4", numerics
+    A WGAN's: three critic steps with G's fakes made under no_grad, then G's step. Capture stopped at the first
+    backward() (dcgan) or the first optimizer step (WGAN) and compared D alone: a 1% tanh fault in G was READY
+    (dcgan's curves agree within 0.2%). It now lasts until every optimizer the script made has stepped."""
+    fault = "perturb@aten::tanh,rel=0.01"
+    for name, modules, culprit in (("gan_step.py", {"netD": "Sequential", "netG": "Sequential"}, "netG.4"),
+                                   ("wgan_steps.py", {"critic": "Sequential", "generator": "Sequential"},
+                                    "generator.3")):
+        clean = validate(script(name), "--emulator-profile", "exact")
+        assert clean.report["verdict"] == "ready", clean.stdout
+        assert clean.report["model"]["modules"] == modules
+        faulty = validate(script(name), "--emulator-profile", "exact", env={"NEURON_VALIDATE_FAULTS": fault})
+        assert faulty.report["verdict"] == "not ready", faulty.stdout
+        (numerics,) = faulty.findings("numerics", "error")
+        assert numerics["data"]["culprit"] == culprit and numerics["data"]["op"] == "aten::tanh", numerics
