@@ -406,8 +406,9 @@ def _inside(state: _State, orig_call, module, args, kwargs):
 
 
 def _script_name(called, model, state: _State) -> str:
-    """The script's own name for a module it calls (``enc`` for ``enc(x)``, ``model`` for ``self.model(x)``),
-    from the calling frame's variables, or its class's; unique among the captured calls."""
+    """The script's own name for a module it calls (``enc`` for ``enc(x)``, ``model`` for ``self.model(x)``,
+    ``head`` for ``model.head(x)``), from the calling frame's variables and their modules' children, or its
+    class's; unique among the captured calls."""
     inside = os.path.dirname(torch.__file__)
     frame = sys._getframe(3)
     while frame is not None and frame.f_code.co_filename.startswith((inside, __file__)):
@@ -419,8 +420,11 @@ def _script_name(called, model, state: _State) -> str:
         if owner is not None:
             scopes += [getattr(owner, "__dict__", {}), getattr(owner, "_modules", None) or {}]
         scopes.append(frame.f_globals)
-        name = next((key for scope in scopes for key, value in list(scope.items())
-                     if (value is called or value is model) and key.isidentifier() and key != "self"), "")
+        named = [(key, value) for scope in scopes for key, value in list(scope.items())
+                 if key.isidentifier() and key != "self"]
+        name = next((key for key, value in named if value is called or value is model), "")
+        name = name or next((child for _, value in named if isinstance(value, torch.nn.Module)
+                             for child, sub in value._modules.items() if sub is called or sub is model), "")
     name = name or type(model).__name__.lower()
     if hasattr(torch.nn.Module, name):  # a variable named ``train`` or ``forward``: not a submodule's name
         name += "_"

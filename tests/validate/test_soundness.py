@@ -373,8 +373,9 @@ def test_a_script_that_ends_with_os_exit_is_checked(validate):
 def test_every_top_level_module_the_first_step_trains_is_compared_and_a_fault_in_a_later_one_is_named(validate):
     """An embedding, an encoder and a head held apart, as many scripts hold a model: only the first module
     called (the embedding) was compared, and a 1% tanh fault in the encoder was READY (its loss curves agreed).
-    Each module's first call of the first step is compared now, on the inputs it had on the target; the
-    teacher called without gradients is not."""
+    Each module's first call of the first step is compared now, on the inputs it had on the target, named as
+    the script names it (a variable, or a child of one: ``net.encoder``); the teacher called without gradients
+    is not."""
     clean = _ready_and_a_fault_named(validate, "separate_modules.py", "perturb@aten::tanh,rel=0.01", "aten::tanh")
     assert clean.report["model"]["modules"] == {"embedding": "Embedding", "encoder": "Sequential", "head": "Linear"}
     assert "of embedding, encoder, head" in clean.findings("numerics", "info")[0]["title"]
