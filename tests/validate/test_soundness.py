@@ -384,6 +384,9 @@ def test_every_top_level_module_the_first_step_trains_is_compared_and_a_fault_in
                       env={"NEURON_VALIDATE_FAULTS": "perturb@aten::tanh,rel=0.01"})
     (numerics,) = faulty.findings("numerics", "error")
     assert numerics["data"]["culprit"].startswith("encoder."), numerics
+    compiled = validate(script("separate_modules.py"), "--mode", "compile")
+    assert compiled.report["verdict"] == "ready", compiled.stdout
+    assert compiled.report["compiled"]["outputs"]["ok"] and "eager and compiled outputs (3)" in compiled.stdout
 
 
 def test_a_gans_generator_is_compared_with_its_discriminator_and_a_fault_in_it_is_named(validate):
