@@ -114,14 +114,9 @@ class _State:
         self.frozen = False  # the first step is over (see _first_step_over): nothing more is captured
         self.calls: list[_Call] = []  # the captured calls, the first one first
         self.scanned: set[int] = set()  # modules whose placement was scanned
-        self.snapshot = None
         self.copy_error = ""  # why the compared call's model could not be copied (its layers are not compared)
-        self.inputs = None
-        self.grad: list | None = None  # the gradient the comparison's backward pass starts from
-        self.root_type = ""
         self.root_scan: dict = {}
         self.wide: list = []
-        self.fingerprints: dict = {}
         self.recording = True
         self.notes: list[str] = []
         self.compiled_graphs = None  # a GraphCounter: the graphs compiled on this side
@@ -129,8 +124,6 @@ class _State:
         # The model's call that is compared: the first that builds a graph for gradients; a first call
         # without gradients (eval under no_grad, as nanoGPT's estimate_loss) is kept only until one does.
         # Other top-level modules' first calls that build graphs in the first step are compared too.
-        self.autocast = None  # the dtype of the autocast region the compared call ran in, if any
-        self.root = None  # the compared model (a weak reference)
         # Each graph dynamo hands a backend on this side, in order: its input shapes and dtypes, and whether
         # the model was in train() mode (a graph per mode is expected, not a recompilation).
         self.graphs_seen: list[dict] = []
@@ -147,8 +140,18 @@ class _State:
             return self.losses, self.times
         return self.micro_losses, self.micro_times
 
+    @property
+    def root_type(self) -> str:
+        """The class of the model: the first captured call's module ("" before any call)."""
+        return self.calls[0].kind if self.calls else ""
+
+    @property
+    def autocast(self) -> str | None:
+        """The dtype of the autocast region the first captured call ran in, if any (the comparison's)."""
+        return self.calls[0].autocast if self.calls else None
+
     def note_graph(self, gm, inputs: dict) -> None:
-        root = self.root() if self.root is not None else None
+        root = self.calls[0].module() if self.calls else None
         self.graphs_seen.append({**inputs, "training": None if root is None else bool(root.training)})
 
 
@@ -409,10 +412,7 @@ def _script_name(called, model, state: _State) -> str:
     """The script's own name for a module it calls (``enc`` for ``enc(x)``, ``model`` for ``self.model(x)``,
     ``head`` for ``model.head(x)``), from the calling frame's variables and their modules' children, or its
     class's; unique among the captured calls."""
-    inside = os.path.dirname(torch.__file__)
-    frame = sys._getframe(3)
-    while frame is not None and frame.f_code.co_filename.startswith((inside, __file__)):
-        frame = frame.f_back
+    frame = _script_frame(3)
     name = ""
     if frame is not None:
         scopes = [frame.f_locals]
@@ -461,7 +461,7 @@ def _counting_compile(state: _State, torch, here, orig_compile):
     (Module.compile calls torch.compile) already passes its counter."""
     def compile_(model=None, *args, **kwargs):
         if not state.harness_compiles:
-            state.script_compiles.append(_caller_outside_torch(torch))
+            state.script_compiles.append(_caller_outside_torch())
         if state.spec.side != "target" and not here.compiles:
             if model is None:
                 return lambda m: m
@@ -481,15 +481,12 @@ def _capture(state: _State, torch, root, args, kwargs, target, *, name: str) -> 
     """At a compared call: a copy of the module, its inputs, and what the target will do with them.
 
     A first call without gradients is kept until a call that builds a graph replaces it, so that both sides
-    always describe the same calls. The fingerprints of the calls captured so far are the side's.
+    always describe the same calls.
     """
     from diff.sides import model_copy, to_device
 
     if state.first_call_time is None:
         state.first_call_time = time.perf_counter()
-    if not state.calls:
-        state.root_type = type(root).__name__
-        state.root = weakref.ref(root)
     entry = _Call(name=name, module=weakref.ref(root), kind=type(root).__name__)
     sketches: dict[str, list] = {"parameters_sketch": [], "inputs_sketch": []}
     entry.fingerprints = {"parameters": fingerprint(root.state_dict().values(), sketches["parameters_sketch"]),
@@ -499,8 +496,6 @@ def _capture(state: _State, torch, root, args, kwargs, target, *, name: str) -> 
     entry.autocast = (str(torch.get_autocast_dtype(device_type)).removeprefix("torch.")
                       if torch.is_autocast_enabled(device_type) else None)
     state.calls.append(entry)
-    state.fingerprints = _joint_fingerprints(state.calls)
-    state.autocast = state.calls[0].autocast
     if state.spec.side != "target":
         return entry
     if id(root) not in state.scanned:
@@ -536,27 +531,36 @@ def _joint_fingerprints(calls: list[_Call]) -> dict:
             "inputs": first["inputs"], "inputs_sketch": first["inputs_sketch"]}
 
 
-def _compared(state: _State) -> None:
-    """The captured calls as the one model call the comparison runs (state.snapshot, inputs and grad): the call
-    itself where one was captured, else :class:`ScriptModules` of every call that was copied and ran under the
-    first one's autocast."""
+@dataclass(slots=True)
+class _ComparedCall:
+    """The one model call the comparison runs on both sides (see :func:`_compared`)."""
+
+    model: Any
+    args: tuple
+    kwargs: dict
+    grad: list | None  # the gradient its backward pass starts from (None: the forward pass alone)
+
+
+def _compared(state: _State) -> _ComparedCall | None:
+    """The captured calls as the one model call the comparison runs: the call itself where one was captured,
+    else :class:`ScriptModules` of every call that was copied and ran under the first one's autocast; None
+    where none was copied."""
     usable = [c for c in state.calls if c.snapshot is not None and c.autocast == state.autocast]
     left = [c.name for c in state.calls if c not in usable]
     if left and usable:
         state.notes.append(f"not compared layer by layer: {', '.join(left)} (not copied, or under another "
                            "autocast than the first module's)")
     if not usable:
-        return
+        return None
     state.copy_error = ""
     grads = [_upstream_gradient(c.grad_output, c.output_sizes) or [None] * len(c.output_sizes) for c in usable]
-    state.grad = [g for per_call in grads for g in per_call]
-    if not any(g is not None for g in state.grad):
-        state.grad = None
+    grad = [g for per_call in grads for g in per_call]
+    grad = grad if any(g is not None for g in grad) else None
     if len(usable) == 1:
-        state.snapshot, state.inputs = usable[0].snapshot, usable[0].inputs
-        return
-    state.snapshot = ScriptModules({c.name: c.snapshot for c in usable})
-    state.inputs = (tuple(c.inputs for c in usable), {})
+        (args, kwargs), model = usable[0].inputs, usable[0].snapshot
+        return _ComparedCall(model=model, args=args, kwargs=kwargs, grad=grad)
+    model = ScriptModules({c.name: c.snapshot for c in usable})
+    return _ComparedCall(model=model, args=tuple(c.inputs for c in usable), kwargs={}, grad=grad)
 
 
 @contextlib.contextmanager
@@ -616,12 +620,12 @@ def observe(spec: ChildSpec, progress) -> dict:
     state = _State(spec, progress)
     side = SideObservations()
     trace, draws = _run_script(spec, here, state, side, device_option, progress)
-    _compared(state)
     _side_observations(here, state, side, draws)
     if spec.side == "target":
         _target_observations(here, state, side, trace, draws, result)
-        if state.snapshot is not None:
-            _compare_snapshot(spec, here, state, side, result, progress)
+        compared = _compared(state)
+        if compared is not None:
+            _compare_snapshot(spec, here, state, compared, side, result, progress)
         elif state.copy_error:  # a warning, never silence: the verdict would rest on the curves alone
             result["localization_error"] = state.copy_error
     result["side"] = spec.side
@@ -738,7 +742,7 @@ def _side_observations(here, state: _State, side: SideObservations, draws) -> No
     from diff.curves import LossCurve
 
     side.ran = side.error is None
-    side.fingerprints = state.fingerprints
+    side.fingerprints = _joint_fingerprints(state.calls) if state.calls else {}
     losses, times = state.curve()
     if losses:
         stamps = [state.first_call_time or state.started, *times]
@@ -780,18 +784,18 @@ def _target_observations(here, state: _State, side: SideObservations, trace, dra
                                "comparison runs it so on both sides")
 
 
-def _compare_snapshot(spec: ChildSpec, here, state: _State, side: SideObservations, result: dict, progress) -> None:
-    """The captured model call, localised layer by layer against the CPU and, under a compile target, its
-    compiled outputs and gradients against the eager reference."""
+def _compare_snapshot(spec: ChildSpec, here, state: _State, compared: _ComparedCall, side: SideObservations,
+                      result: dict, progress) -> None:
+    """The compared call, localised layer by layer against the CPU and, under a compile target, its compiled
+    outputs and gradients against the eager reference."""
     from conformance.target import resolve_target
 
     progress(side="target", phase="localize")
-    grad = state.grad
-    args, kwargs = state.inputs
+    model, args, kwargs, grad = compared.model, compared.args, compared.kwargs, compared.grad
     reference = resolve_target("cpu")
     try:
         with _autocast(state.autocast, ("cpu", here.device.type)):
-            result.update(localization_observations(state.snapshot, args, kwargs, target=here, reference=reference,
+            result.update(localization_observations(model, args, kwargs, target=here, reference=reference,
                                                     grad_output=grad, files=[spec.script]))
     except Exception as exc:  # noqa: BLE001 - localisation is evidence, never a reason to lose the run
         result["localization_error"] = error_info(exc, files=[spec.script])["message"]
@@ -805,16 +809,23 @@ def _compare_snapshot(spec: ChildSpec, here, state: _State, side: SideObservatio
 
         progress(side="target", phase="compile")
         with _autocast(state.autocast, ("cpu", here.device.type)):
-            result["compiled"] = compiled_check(state.snapshot, args, kwargs, target=here.in_mode("compile"),
+            result["compiled"] = compiled_check(model, args, kwargs, target=here.in_mode("compile"),
                                                 reference=reference, grad_output=grad, files=[spec.script])
 
 
-def _caller_outside_torch(torch) -> str:
-    """file:line of the innermost caller outside torch (Module.compile calls torch.compile for the script)."""
-    inside = os.path.dirname(torch.__file__)
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(inside):
+def _script_frame(depth: int):
+    """The innermost frame from ``depth`` frames above the caller on that is neither torch's nor this module's:
+    the script's own (Module.compile calls torch.compile for it; Module.__call__ calls the harness's hooks)."""
+    skipped = (os.path.dirname(torch.__file__), __file__)
+    frame = sys._getframe(depth + 1)
+    while frame is not None and frame.f_code.co_filename.startswith(skipped):
         frame = frame.f_back
+    return frame
+
+
+def _caller_outside_torch() -> str:
+    """file:line of the innermost caller outside torch (Module.compile calls torch.compile for the script)."""
+    frame = _script_frame(2)
     return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None else "?"
 
 
