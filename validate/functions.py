@@ -288,7 +288,7 @@ def _train_curves(spec: ChildSpec, script: _Script, steps: int, target, referenc
     """Both sides' loss curves, and the band's perturbed reference trainings; a target that fails to train
     is its side's error."""
     from diff.curves import NOISE_RUNS as CURVE_NOISE_RUNS
-    from diff.curves import curve_precision, train_curve
+    from diff.curves import band_precision, train_curve
     from diff.precision import model_for, perturbed_runs
 
     def step_loss(m, inputs):
@@ -302,13 +302,6 @@ def _train_curves(spec: ChildSpec, script: _Script, steps: int, target, referenc
                   optimizer_factory=_optimizer_factory(script.module), steps=steps, seed=spec.seed)
     ref_side.curve = train_curve(script.model, device=reference.device, label=reference.describe(),
                                  on_step=on_step("reference"), **common).to_dict()
-    # the band of the curves: reference trainings perturbed as the device's precision allows
-    precision = model_for(target) if spec.localize else curve_precision(model_for(target))
-    if precision:
-        progress(side="reference", phase="perturbed curves")
-        result["perturbed_curves"] = [c.to_dict() for c in perturbed_runs(
-            lambda: train_curve(script.model, device=reference.device, label="perturbed reference", **common),
-            precision, runs=CURVE_NOISE_RUNS, seed=spec.seed)]
     try:
         tgt_side.curve = train_curve(script.model, device=target.device, label=target.describe(),
                                      prepare=target.prepare, synchronize=target.synchronize,
@@ -316,6 +309,14 @@ def _train_curves(spec: ChildSpec, script: _Script, steps: int, target, referenc
     except Exception as exc:  # noqa: BLE001 - the target failing to train is a finding
         tgt_side.error = error_info(exc, files=script.files, phase="training")
         tgt_side.ran = False
+        return
+    # the band of the curves: reference trainings perturbed as the device's precision allows
+    precision = band_precision(model_for(target), ref_side.curve["losses"], tgt_side.curve["losses"])
+    if precision:
+        progress(side="reference", phase="perturbed curves")
+        result["perturbed_curves"] = [c.to_dict() for c in perturbed_runs(
+            lambda: train_curve(script.model, device=reference.device, label="perturbed reference", **common),
+            precision, runs=CURVE_NOISE_RUNS, seed=spec.seed)]
 
 
 def _target_facts(script: _Script, target, trace, tgt_side: SideObservations, result: dict) -> None:

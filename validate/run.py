@@ -225,27 +225,16 @@ def _cuda_missing(data: dict | None) -> bool:
     return any(words in message for words in _NO_CUDA)
 
 
-def band_model(precision: dict | None, *, layers_compared: bool):
-    """The precision model behind the band of the curves, or an empty one (the fixed band): the target's
-    (with the random ops it draws from its own stream); for a target that computes like the CPU, float32
-    rounding only where no layer is compared (``--nproc``, ``--no-localize``), so that the curves are then
-    the check that a wrong collective or kernel cannot pass."""
-    from diff.curves import curve_precision
-    from diff.precision import EXACT, PrecisionModel
-
-    model = PrecisionModel.from_dict(precision) if precision else EXACT
-    return model if model or layers_compared else curve_precision(model)
-
-
 STREAM_RUNS = 3  # reference trainings with other random streams: the band of the device's own stream
 
 
 def _band_sides(options: ValidateOptions, settings: RunSettings, data: dict, progress) -> None:
     """The sides that give the curves their bands, once the reference and the target have run.
 
-    * ``perturbed-K`` (NOISE_RUNS of them, for a target with a precision model): the reference with the
-      target's precision perturbing its ops, drawing the same numbers: the band of the target's curve, whose
-      draws were the reference's (diff.draws).
+    * ``perturbed-K`` (NOISE_RUNS of them, where ``diff.curves.band_precision`` asks for them: a target with a
+      precision model, or one that computes like the CPU whose curve is not the reference's): the reference
+      with the target's precision (float32 rounding for the latter) perturbing its ops, drawing the same
+      numbers: the band of the target's curve, whose draws were the reference's (diff.draws).
     * where the target drew random numbers on the device: ``target-own``, the target on its own random
       stream, and ``stream-K`` (STREAM_RUNS), the reference with those draws taken from other streams (and
       perturbed likewise): the band of the device's own stream, judged as a distribution.
@@ -253,8 +242,9 @@ def _band_sides(options: ValidateOptions, settings: RunSettings, data: dict, pro
     A side that gives no curve, or a shorter one, runs once more; if it still does not, that is a harness
     finding (``data["harness"]``), never a wider band.
     """
-    from diff.curves import NOISE_RUNS
+    from diff.curves import NOISE_RUNS, band_precision
     from diff.draws import DrawLog, compare_streams, first_parting
+    from diff.precision import EXACT, PrecisionModel
 
     ref, tgt = data["reference"], data["target"]
     if not (ref.get("curve") and tgt.get("curve")):
@@ -270,7 +260,8 @@ def _band_sides(options: ValidateOptions, settings: RunSettings, data: dict, pro
                      "parting": parting.describe() if parting else None,
                      "unshared": sorted(tgt_draws.unshared),
                      "log_bytes": len(json.dumps(ref.get("draws") or {}))}
-    model = band_model(data.get("precision_model"), layers_compared=options.localize and options.nproc == 1)
+    model = band_precision(PrecisionModel.from_dict(data["precision_model"]) if data.get("precision_model") else EXACT,
+                           ref["curve"]["losses"], tgt["curve"]["losses"])
     cpu_env = CPU_SIDE_ENV if options.reference.split(":")[0] == "cpu" else {}
     jobs = []
     if model:
