@@ -161,6 +161,13 @@ class OpTracker:
     """Filled in when a tracked region ends; ``trace`` is None where the backend cannot track."""
 
     trace: OpTrace | None = None
+    # What the backend had recorded when a region inside this one cleared its record to start its own.
+    held: tuple[set, set] = field(default_factory=lambda: (set(), set()))
+
+
+# The tracked regions open on each tracking module (by id), outermost first: regions nest (the migration
+# check's eval-mode call inside the functions convention's tracked comparison), and the backend keeps one record.
+_OPEN_REGIONS: dict[int, list[OpTracker]] = {}
 
 
 def import_backend_modules(modules: list[str] | tuple[str, ...]) -> None:
@@ -296,14 +303,23 @@ class Target:
         if module is None:
             yield tracker
             return
+        regions = _OPEN_REGIONS.setdefault(id(module), [])
+        recorded = lambda: ({str(op) for op in module.get_executed_ops()},  # noqa: E731
+                            {str(op) for op in module.get_fallback_ops()})
+        if regions:  # the regions open around this one keep what the backend recorded for them so far
+            executed, fallback = recorded()
+            for outer in regions:
+                outer.held[0].update(executed)
+                outer.held[1].update(fallback)
         module.clear_op_tracking()
+        regions.append(tracker)
         try:
             yield tracker
         finally:
-            tracker.trace = OpTrace(
-                executed=tuple(sorted(str(op) for op in module.get_executed_ops())),
-                fallback=tuple(sorted(str(op) for op in module.get_fallback_ops())),
-            )
+            regions.remove(tracker)
+            executed, fallback = recorded()
+            tracker.trace = OpTrace(executed=tuple(sorted(executed | tracker.held[0])),
+                                    fallback=tuple(sorted(fallback | tracker.held[1])))
 
     # ---------------------------------------------------------------- manifest
     def manifest(self) -> dict:
