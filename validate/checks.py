@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from diff.curves import CurveComparison, CurveTolerance, LossCurve, compare_curves, json_float
+from diff.precision import SPREAD_MULTIPLE
 
 from .explain import explain
 from .verdict import Finding
@@ -189,6 +190,70 @@ def check_numerics(obs: dict, ctx: CheckContext) -> list[Finding]:
                   "compare the compiled graph op by op (TORCH_COMPILE_DEBUG=1) or run the layer in eager mode"),
         ))
         return findings
+    return findings + [_divergence(loc, obs, check="numerics", compiled_ok=compiled_ok)]
+
+
+def check_eval_mode(obs: dict, ctx: CheckContext) -> list[Finding]:
+    """The compared call in eval mode without gradients, as inference runs it (validate.functions.
+    eval_mode_check): kernels that training does not run, which neither the layers nor the curves saw."""
+    seen = obs.get("eval_mode")
+    if not seen:
+        return []
+    error = seen.get("error")
+    if error:
+        return [Finding(check="eval-mode", severity="warning", subject="fails",
+                        title=f"the model fails on the target in eval mode ({EVAL_MODE}): {error.get('message', '')}",
+                        where=_where(error.get("source")),
+                        hint="training runs on the target, inference of this model does not: evaluation, "
+                             "generation and serving take this path")]
+    if seen.get("reference_error"):
+        return [Finding(check="eval-mode", severity="info", subject="not compared",
+                        title="eval mode not compared: the model fails on the reference in eval mode: "
+                              f"{seen['reference_error'].get('message', '')}")]
+    outputs = seen.get("outputs") or {}
+    if outputs.get("ok"):
+        return [Finding(check="eval-mode", severity="info",
+                        title=f"in eval mode ({EVAL_MODE}), outputs ({outputs.get('leaves', 0)}) match the "
+                              "reference too")]
+    first = (outputs.get("mismatches") or [{"path": "", "message": ""}])[0]
+    if seen.get("shapes_differ"):
+        return [Finding(check="eval-mode", severity="warning", subject="shapes",
+                        title=f"in eval mode ({EVAL_MODE}), the outputs' shapes differ from the reference's",
+                        detail=f"{first['path']}: {first['message']}",
+                        hint="outputs whose shapes depend on the values (detections kept by a score threshold, "
+                             "non-maximum suppression) can change with any rounding difference; compare them "
+                             "through a fixed-size output (scores before the threshold)")]
+    own, target = seen.get("reference_rel_error"), seen.get("target_rel_error")
+    if own is not None and target is not None and target <= SPREAD_MULTIPLE * own:
+        return [Finding(check="eval-mode", severity="info", subject="inconclusive",
+                        title=f"eval mode inconclusive: the outputs in eval mode ({EVAL_MODE}) move by "
+                              f"{own:.2g} (relative) when the reference rounds as the device may, and the "
+                              f"target's by {target:.2g}",
+                        detail="outputs picked by their values (scores above a threshold, sorted or suppressed "
+                               "boxes) change with any rounding; the layers and the curves are judged as before")]
+    loc = seen.get("localization") or {}
+    if loc and not loc.get("ok") and not loc.get("target_failure"):
+        return [_divergence(loc, obs, check="eval-mode", mode=f"in eval mode ({EVAL_MODE}), ")]
+    fused = seen.get("unhooked_ops") or []
+    return [Finding(
+        check="eval-mode", severity="error", subject="outputs",
+        title=f"in eval mode ({EVAL_MODE}), outputs differ from the reference"
+              + (f"; only a call without hooks ran {', '.join(fused[:3])}" if fused else ""),
+        detail=f"{first['path']}: {first['message']}",
+        data={"op": fused[0] if len(fused) == 1 else None, "unhooked_ops": fused},
+        hint=("layer by layer (with a hook on every module) the model agrees: PyTorch runs some modules as one "
+              "fused kernel only where no hook is attached (nn.TransformerEncoderLayer in eval without gradients: "
+              "aten::_transformer_encoder_layer_fwd); check that kernel alone" if loc.get("ok") else
+              "the eval-mode call was not localised layer by layer: "
+              + (seen.get("localization_error") or (loc.get("target_failure") or {}).get("message", "no result"))))]
+
+
+EVAL_MODE = "model.eval(), no gradients"
+
+
+def _divergence(loc: dict, obs: dict, *, check: str, mode: str = "", compiled_ok: bool = True) -> Finding:
+    """The finding of a localisation that diverged: the first diverging layer and, where one explains it, the
+    op, its source line and what the device's documented precision says of it."""
     ops = loc.get("ops") or {}
     op = ops.get("first")
     first_layer = loc.get("first_forward") or loc.get("first_backward") or {}
@@ -226,13 +291,12 @@ def check_numerics(obs: dict, ctx: CheckContext) -> list[Finding]:
         f"the target computes {op['op']} differently from the CPU beyond its precision: check this op alone "
         f"(neuron-conformance ops --ops {op['op'].removeprefix('aten::')})" if op else
         "no single op explains it: the error accumulates inside the layer")
-    findings.append(Finding(
-        check="numerics", severity=severity, subject=f"{culprit}:{op['op'] if op else ''}", title=title,
+    return Finding(
+        check=check, severity=severity, subject=f"{culprit}:{op['op'] if op else ''}", title=mode + title,
         where=_where(op.get("source")) if op else None, detail="\n".join(detail), hint=hint,
         data={"culprit": culprit, "op": op["op"] if op else None, "phase": pass_,
               "explained_by": expl.feature if expl else None},
-    ))
-    return findings
+    )
 
 
 # ---------------------------------------------------------------- host fallback
@@ -659,7 +723,7 @@ def check_outputs(obs: dict, ctx: CheckContext) -> list[Finding]:
     return findings
 
 
-CHECKS = (check_runs, check_target_used, check_device_choice, check_numerics, check_fallback, check_placement,
+CHECKS = (check_runs, check_target_used, check_device_choice, check_numerics, check_eval_mode, check_fallback, check_placement,
           check_script_compiles, check_recompilation, check_wide_dtypes, check_curves, check_outputs)
 
 

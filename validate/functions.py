@@ -273,6 +273,10 @@ def _compare_on_target(script: _Script, target, reference, tgt_side: SideObserva
         tgt_side.error = {"type": failure["message"].split(":")[0], "message": failure["message"],
                           "source": failure["source"], "phase": failure["phase"], "module": failure["module"],
                           "op": failure["op"]}
+    if (loc.get("localization") or {}).get("ok"):
+        progress(side="target", phase="eval mode")
+        result.update(eval_mode_check(script.model, script.args, script.kwargs, target=target, reference=reference,
+                                      files=script.files))
     if target.compiles and not failure:
         progress(side="target", phase="compile")
         result["compiled"] = compiled_check(script.model, script.args, script.kwargs, target=target,
@@ -351,11 +355,51 @@ def compiled_check(model, args, kwargs, *, target, reference, loss=None, grad_ou
     """
     from diff.draws import StartState
 
-    return _compiled_check(model, args, kwargs, target=target, reference=reference, loss=loss,
-                           grad_output=grad_output, files=files, rng_state=StartState.now())
+    return _judged_check(model, args, kwargs, target=target, reference=reference, loss=loss,
+                         grad_output=grad_output, files=files, rng_state=StartState.now())
 
 
-def _compiled_check(model, args, kwargs, *, target, reference, loss, grad_output, files, rng_state) -> dict:
+def eval_mode_check(model, args, kwargs, *, target, reference, files=()) -> dict:
+    """The compared call once more with the model in eval mode and without gradients, as inference runs it: the
+    target's outputs against the reference and the float64 golden (``{"eval_mode": ...}``; empty where the
+    model is in eval mode already, the compared call being inference itself). Where they differ, the call is
+    also localised in eval mode, layer by layer, to name the layer where it can.
+
+    Eval mode runs other kernels than training: batch norm's running statistics, attention without dropout,
+    and for ``nn.TransformerEncoderLayer`` without gradients one fused kernel for the whole layer
+    (``aten::_transformer_encoder_layer_fwd``, on any device PyTorch supports, PrivateUse1 included). The
+    compared call ran in training mode and the curves are training losses, so a 2% fault in that kernel was
+    READY. PyTorch takes the fused path only where no hook is attached to the layer, so the outputs are
+    judged here from a plain call, and the localisation (hooks on every module) runs the layer op by op. The
+    model's modes are put back."""
+    from diff.draws import StartState
+
+    modes = [(m, m.training) for m in model.modules()]
+    if not any(training for _, training in modes):
+        return {}
+    model.eval()
+    try:
+        with target.track_ops() as plain:
+            seen = _judged_check(model, args, kwargs, target=target.in_mode("eager"), reference=reference,
+                                 loss=None, grad_output=None, files=files, rng_state=StartState.now(),
+                                 compiled=False)
+        if not seen.get("error") and not seen["outputs"]["ok"]:
+            with target.track_ops() as hooked:
+                seen.update(localization_observations(model, args, kwargs, target=target, reference=reference,
+                                                      files=files))
+            if plain.trace is not None and hooked.trace is not None:  # the kernels only the plain call ran
+                seen["unhooked_ops"] = sorted(set(plain.trace.executed) - set(hooked.trace.executed))
+    finally:
+        for m, training in modes:
+            m.training = training
+    return {"eval_mode": seen}
+
+
+def _judged_check(model, args, kwargs, *, target, reference, loss, grad_output, files, rng_state,
+                  compiled: bool = True) -> dict:
+    """The target's outputs (and gradients) from a plain call, prepared as the target runs it (compiled in
+    compile mode), against the eager reference and the float64 golden, judged as the layers are.
+    ``compiled``: the target compiles, and must compile a graph and not recompile on the same shapes."""
     from diff import TolerancePolicy
     from diff.judge import Judge
 
@@ -368,7 +412,12 @@ def _compiled_check(model, args, kwargs, *, target, reference, loss, grad_output
     common = dict(loss=loss, grad_output=grad_output, rng_state=rng_state, files=files)
     precision = model_for(target)
     judge = Judge(tolerance=TolerancePolicy().for_dtype(type(model).__name__, scope="model"), precision=precision)
-    ref_out, ref_grads, _ = _pass(model, args, kwargs, reference.device, double=False, **common)
+    try:
+        ref_out, ref_grads, _ = _pass(model, args, kwargs, reference.device, double=False, **common)
+    except Exception as exc:  # noqa: BLE001
+        if compiled:
+            raise
+        return {"reference_error": error_info(exc, files=files, phase="forward")}
 
     @functools.cache
     def golden():  # only when a comparison needs it; a failure means judging against the reference alone
@@ -387,18 +436,29 @@ def _compiled_check(model, args, kwargs, *, target, reference, loss, grad_output
         return runs
 
     try:
-        out, grads, compiled = _pass(model, args, kwargs, target.device, double=False, prepare=target.prepare, **common)
-        again_args, again_kwargs = to_device((tuple(args), dict(kwargs)), target.device)
-        compiled(*again_args, **again_kwargs)  # same shapes again: must not recompile
+        out, grads, runner = _pass(model, args, kwargs, target.device, double=False, prepare=target.prepare, **common)
+        if compiled:
+            again_args, again_kwargs = to_device((tuple(args), dict(kwargs)), target.device)
+            runner(*again_args, **again_kwargs)  # same shapes again: must not recompile
     except Exception as exc:  # noqa: BLE001
-        return {"error": error_info(exc, files=files, phase="compile")}
+        return {"error": error_info(exc, files=files, phase="compile" if compiled else "forward")}
     from conformance.target import EAGER_UNDER_COMPILE, ran_eagerly
 
-    if ran_eagerly(compiled):  # never a pass: the compiler was not tested
+    outputs = judge(out, ref_out, golden=lambda: golden()[0], noise=noise(0)).decided
+    if not compiled:  # outputs whose shapes depend on the values (boxes kept by a threshold) may differ so
+        shapes = [[tuple(t.shape) for t in side] for side in (out, ref_out)]
+        seen = {"outputs": outputs.to_dict(), "shapes_differ": shapes[0] != shapes[1]}
+        if not outputs and precision and not seen["shapes_differ"]:
+            # How far the device's rounding alone moves these outputs: the reference perturbed as it allows.
+            from diff.localize.core import relative_error
+
+            seen["target_rel_error"] = relative_error(out, ref_out)
+            seen["reference_rel_error"] = max((relative_error(run[0], ref_out) for run in noisy()), default=0.0)
+        return seen
+    if ran_eagerly(runner):  # never a pass: the compiler was not tested
         return {"error": {"type": "RuntimeError", "message": f"compile mode: {EAGER_UNDER_COMPILE}", "source": None,
                           "phase": "compile", "import_error": False}, "graphs": 0}
-    outputs = judge(out, ref_out, golden=lambda: golden()[0], noise=noise(0)).decided
     gradients = (judge(grads, ref_grads, golden=lambda: golden()[1], noise=noise(1), path="grad").decided
                  if grads is not None else None)
     return {"outputs": outputs.to_dict(), "gradients": gradients.to_dict() if gradients is not None else None,
-            "graphs": compiled.graphs, "graphs_seen": compiled.counter.seen}
+            "graphs": runner.graphs, "graphs_seen": runner.counter.seen}

@@ -799,14 +799,22 @@ def _compare_snapshot(spec: ChildSpec, here, state: _State, compared: _ComparedC
                                                     grad_output=grad, files=[spec.script]))
     except Exception as exc:  # noqa: BLE001 - localisation is evidence, never a reason to lose the run
         result["localization_error"] = error_info(exc, files=[spec.script])["message"]
+    from .functions import compiled_check, eval_mode_check
+
+    if (result.get("localization") or {}).get("ok"):
+        progress(side="target", phase="eval mode")
+        try:
+            with _autocast(state.autocast, ("cpu", here.device.type)):
+                result.update(eval_mode_check(model, args, kwargs, target=here, reference=reference,
+                                              files=[spec.script]))
+        except Exception as exc:  # noqa: BLE001 - evidence, as above
+            result["eval_mode"] = {"error": error_info(exc, files=[spec.script])}
     if (here.compiles or state.model_compiled) and side.error is None:
         # The compiled model's outputs (and gradients) against the eager reference, as in the
         # functions convention: a compiler bug is a numerics finding, not a loss-curve wobble. Also where
         # the script compiles its model itself and the target runs eagerly: the target trained it compiled
         # (with its own backend), and a compile-only fault 1% off in every matmul moved nanoGPT's loss by
         # 0.01% in 10 steps, within the curves' band.
-        from .functions import compiled_check
-
         progress(side="target", phase="compile")
         with _autocast(state.autocast, ("cpu", here.device.type)):
             result["compiled"] = compiled_check(model, args, kwargs, target=here.in_mode("compile"),

@@ -637,3 +637,26 @@ def test_a_script_run_as_main_sees_its_copy_as_file_and_leaves_a_process_without
         if saved is not None:
             sys.modules["__main__"] = saved
     assert sys.modules.pop("seen_by_test") == (str(copy), "__main__", True)
+
+
+def test_eval_mode_outputs_that_the_devices_rounding_moves_as_far_are_inconclusive_not_an_error():
+    """A detector's eval outputs (boxes kept by score and non-maximum suppression) moved 0.35 when the reference
+    rounded as the default profile's device may: torchvision's Faster R-CNN was NOT READY on a correct device
+    until the reference's own spread was asked. Beyond it, or with no precision model, a difference is an error;
+    different shapes (a box more or less) are a warning."""
+    from validate.checks import check_eval_mode
+
+    mismatch = {"ok": False, "leaves": 1, "mismatches": [{"path": "output[0]", "message": "12.5% differ"}]}
+    seen = {"outputs": mismatch, "shapes_differ": False, "target_rel_error": 0.7, "reference_rel_error": 0.35}
+    (found,) = check_eval_mode({"eval_mode": seen}, CTX)
+    assert (found.severity, found.subject) == ("info", "inconclusive"), found
+    seen["reference_rel_error"] = 0.01
+    (found,) = check_eval_mode({"eval_mode": seen}, CTX)
+    assert found.severity == "error" and "outputs differ" in found.title, found
+    (found,) = check_eval_mode({"eval_mode": {"outputs": mismatch, "shapes_differ": False}}, CTX)
+    assert found.severity == "error", found
+    (found,) = check_eval_mode({"eval_mode": {"outputs": mismatch, "shapes_differ": True}}, CTX)
+    assert (found.severity, found.subject) == ("warning", "shapes"), found
+    (found,) = check_eval_mode({"eval_mode": {"reference_error": {"message": "boom"}}}, CTX)
+    assert found.severity == "info" and "fails on the reference" in found.title, found
+    assert check_eval_mode({}, CTX) == []

@@ -86,6 +86,23 @@ def test_faults_the_layer_comparison_cannot_see_fail_the_curves_of_a_device_that
         assert run.report["curves"]["perturbed_runs"] == 2 and run.report["curves"]["max_rel_gap"] < 0.05, curves
 
 
+def test_a_fault_in_a_kernel_only_eval_mode_runs_is_not_ready(validate):
+    """In eval mode without gradients PyTorch runs each nn.TransformerEncoderLayer as one fused kernel, on the
+    PrivateUse1 device too; training runs it op by op. The script trains and never evaluates, so a 2% fault in
+    the fused kernel was READY (layers, gradients and curves all agree). The model is now also called in eval
+    mode without hooks (PyTorch takes the fused path only where none is attached)."""
+    clean = validate(script("encoder_classifier.py"), "--emulator-profile", "exact")
+    assert clean.report["verdict"] == "ready", clean.stdout
+    (matched,) = clean.findings("eval-mode", "info")
+    assert "match the reference too" in matched["title"], matched
+    faulty = validate(script("encoder_classifier.py"), "--emulator-profile", "exact",
+                      env={"NEURON_VALIDATE_FAULTS": "perturb@aten::_transformer_encoder_layer_fwd,rel=0.02"})
+    assert faulty.report["verdict"] == "not ready", faulty.stdout
+    assert faulty.findings("numerics", "info"), faulty.stdout  # training mode agrees
+    (differ,) = faulty.findings("eval-mode", "error")
+    assert differ["data"]["op"] == "aten::_transformer_encoder_layer_fwd", differ
+
+
 def test_compile_mode_compares_compiled_outputs_and_names_train_eval_switches(validate):
     run = validate(example("dropout_classifier.py"), "--mode", "compile")
     assert run.report["verdict"] == "ready", run.stdout
