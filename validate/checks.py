@@ -206,6 +206,9 @@ def check_eval_mode(obs: dict, ctx: CheckContext) -> list[Finding]:
                         where=_where(error.get("source")),
                         hint="training runs on the target, inference of this model does not: evaluation, "
                              "generation and serving take this path")]
+    if seen.get("not_compared"):
+        return [Finding(check="eval-mode", severity="info", subject="not compared",
+                        title=f"eval mode not compared: {seen['not_compared']}")]
     if seen.get("reference_error"):
         return [Finding(check="eval-mode", severity="info", subject="not compared",
                         title="eval mode not compared: the model fails on the reference in eval mode: "
@@ -723,8 +726,8 @@ def check_outputs(obs: dict, ctx: CheckContext) -> list[Finding]:
     return findings
 
 
-CHECKS = (check_runs, check_target_used, check_device_choice, check_numerics, check_eval_mode, check_fallback, check_placement,
-          check_script_compiles, check_recompilation, check_wide_dtypes, check_curves, check_outputs)
+CHECKS = (check_runs, check_target_used, check_device_choice, check_numerics, check_eval_mode, check_fallback,
+          check_placement, check_script_compiles, check_recompilation, check_wide_dtypes, check_curves, check_outputs)
 
 
 def run_checks(obs: dict, ctx: CheckContext) -> list[Finding]:

@@ -383,12 +383,14 @@ def eval_mode_check(model, args, kwargs, *, target, reference, files=()) -> dict
             seen = _judged_check(model, args, kwargs, target=target.in_mode("eager"), reference=reference,
                                  loss=None, grad_output=None, files=files, rng_state=StartState.now(),
                                  compiled=False)
-        if not seen.get("error") and not seen["outputs"]["ok"]:
+        if "outputs" in seen and not seen["outputs"]["ok"]:
             with target.track_ops() as hooked:
                 seen.update(localization_observations(model, args, kwargs, target=target, reference=reference,
                                                       files=files))
             if plain.trace is not None and hooked.trace is not None:  # the kernels only the plain call ran
                 seen["unhooked_ops"] = sorted(set(plain.trace.executed) - set(hooked.trace.executed))
+    except Exception as exc:  # noqa: BLE001 - evidence, never a reason to lose the run (the harness's own failure)
+        seen = {"not_compared": error_info(exc, files=files)["message"]}
     finally:
         for m, training in modes:
             m.training = training

@@ -803,12 +803,8 @@ def _compare_snapshot(spec: ChildSpec, here, state: _State, compared: _ComparedC
 
     if (result.get("localization") or {}).get("ok"):
         progress(side="target", phase="eval mode")
-        try:
-            with _autocast(state.autocast, ("cpu", here.device.type)):
-                result.update(eval_mode_check(model, args, kwargs, target=here, reference=reference,
-                                              files=[spec.script]))
-        except Exception as exc:  # noqa: BLE001 - evidence, as above
-            result["eval_mode"] = {"error": error_info(exc, files=[spec.script])}
+        with _autocast(state.autocast, ("cpu", here.device.type)):
+            result.update(eval_mode_check(model, args, kwargs, target=here, reference=reference, files=[spec.script]))
     if (here.compiles or state.model_compiled) and side.error is None:
         # The compiled model's outputs (and gradients) against the eager reference, as in the
         # functions convention: a compiler bug is a numerics finding, not a loss-curve wobble. Also where
