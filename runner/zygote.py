@@ -35,7 +35,8 @@ Zygotes belong to the process (:class:`ZygotePool`), not to one run: a
 check's second supervisor (its perturbed runs), a test session's next run
 with the same environment, fork from the zygote the first one started.
 
-Requests on the zygote's pipe:  (worker_pipe, settings, state at the fork) -> ("forked", pid);
+Requests on the zygote's pipe:  (settings, state at the fork), then the worker's pipe as a file descriptor
+-> ("forked", pid);
 None -> exit.  Unprompted: ("exited", pid, exitcode) for each child reaped,
 exitcode as ``multiprocessing.Process.exitcode`` gives it (-N: signal N).
 """
@@ -51,7 +52,8 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
-from multiprocessing.connection import wait
+from multiprocessing import reduction
+from multiprocessing.connection import Connection, wait
 
 from conformance.seeding import seed_host_generators
 from conformance.settings import COMPILE_CACHE_ENV, RunSettings
@@ -141,7 +143,8 @@ def zygote_main(conn, settings: RunSettings) -> None:
                 os._exit(0)
             if request is None:
                 os._exit(0)  # nothing to finalise: it only imported
-            worker_pipe, worker_settings, state = request
+            worker_settings, state = request
+            worker_pipe = Connection(reduction.recv_handle(conn))  # its end of the worker's pipe, sent beside
             pid = os.fork()
             if pid == 0:
                 _take(state)
@@ -288,7 +291,12 @@ class Zygote:
 
     def fork(self, worker_pipe, settings: RunSettings) -> int:
         with self._lock:
-            self.conn.send((worker_pipe, settings, _at_fork()))
+            # The worker's end of its pipe goes as a file descriptor over the zygote's own socket (SCM_RIGHTS).
+            # Pickled with the request, multiprocessing shared it through a listening socket in the temporary
+            # folder instead, whose path a long TMPDIR (over about 75 characters) makes too long for AF_UNIX:
+            # every run failed with "OSError: AF_UNIX path too long".
+            self.conn.send((settings, _at_fork()))
+            reduction.send_handle(self.conn, worker_pipe.fileno(), self.process.pid)
             reply = self._next(30.0)
             if not reply or reply[0] != "forked":
                 raise ZygoteError("the zygote did not fork a worker")

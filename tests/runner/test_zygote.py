@@ -180,3 +180,17 @@ def test_a_forked_worker_starts_where_the_supervisor_is_now(tmp_path, monkeypatc
         assert os.readlink(f"/proc/{second.pid}/cwd") == str(tmp_path)
     finally:
         second.stop()
+
+
+def test_a_run_under_a_long_temporary_folder_forks_its_workers(tmp_path):
+    """The worker's end of its pipe went to the zygote pickled, which multiprocessing shares through a listening
+    socket in the temporary folder: under a TMPDIR of about 75 characters or more (pytest's 100th session folder
+    and a test's own) every run failed with "OSError: AF_UNIX path too long". It goes over the zygote's socket."""
+    from tests.conftest import run_cli
+
+    temp = tmp_path / ("t" * 100)
+    temp.mkdir()
+    run = run_cli("neuron-conformance", "ops", "--ops", "tanh", "--dtypes", "float32", "--directions", "forward",
+                  "--results", str(tmp_path / "runs"), env={"TMPDIR": str(temp)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "cases ran in" in run.stdout, run.stdout[-2000:]
