@@ -67,7 +67,23 @@ def _start_method(fresh: bool) -> str:
         return "spawn"
     # read when the server starts, at the process's first launch
     multiprocessing.set_forkserver_preload(SCRIPT_PRELOAD if fresh else PRELOAD)
+    _short_socket_folder()
     return "forkserver"
+
+
+def _short_socket_folder() -> None:
+    """The fork server listens on a socket in multiprocessing's folder inside the temporary folder, and a TMPDIR
+    of about 75 characters or more makes its path too long for AF_UNIX (107 bytes): every distributed case then
+    failed to start ("OSError: AF_UNIX path too long"). That folder is then made under /tmp, and removed at exit
+    as multiprocessing removes its own (Python 3.13 does the same)."""
+    from multiprocessing import process, util
+
+    config = process.current_process()._config
+    if config.get("tempdir") is not None or len(tempfile.gettempdir()) <= 70 or not os.path.isdir("/tmp"):
+        return
+    folder = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
+    util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
+    config["tempdir"] = folder
 
 
 def start_fork_server() -> None:

@@ -175,3 +175,14 @@ def test_a_torchrun_style_fsdp2_script_is_checked_on_two_ranks(tmp_path):
     assert faulty.returncode == 1, faulty.stdout[-2000:] + faulty.stderr[-2000:]
     report = json.loads(faulty.stdout)
     assert report["verdict"] == "not ready" and not report["curves"]["ok"]
+
+
+def test_ranks_start_under_a_long_temporary_folder(tmp_path):
+    """The fork server's socket lives in multiprocessing's folder inside TMPDIR; a TMPDIR of about 75 characters
+    or more (pytest's 100th session folder and a test's own) failed every case: "AF_UNIX path too long"."""
+    temp = tmp_path / ("t" * 100)
+    temp.mkdir()
+    outcomes = _run(tmp_path, "--world-size", "2", "--suite", "collectives", "--filter", "all_reduce.sum",
+                    env={"TMPDIR": str(temp)})
+    assert outcomes and all(o["status"] == "pass" for o in outcomes.values()), outcomes
+    assert not list(temp.glob("pymp-*")), list(temp.iterdir())
