@@ -786,33 +786,32 @@ def _target_observations(here, state: _State, side: SideObservations, trace, dra
 
 def _compare_snapshot(spec: ChildSpec, here, state: _State, compared: _ComparedCall, side: SideObservations,
                       result: dict, progress) -> None:
-    """The compared call, localised layer by layer against the CPU and, under a compile target, its compiled
-    outputs and gradients against the eager reference."""
+    """The compared call, localised layer by layer against the CPU, then in eval mode (functions.eval_mode_check)
+    and, under a compile target, its compiled outputs and gradients against the eager reference; all three in
+    the script's autocast region, on both sides."""
     from conformance.target import resolve_target
 
-    progress(side="target", phase="localize")
-    model, args, kwargs, grad = compared.model, compared.args, compared.kwargs, compared.grad
-    reference = resolve_target("cpu")
-    try:
-        with _autocast(state.autocast, ("cpu", here.device.type)):
-            result.update(localization_observations(model, args, kwargs, target=here, reference=reference,
-                                                    grad_output=grad, files=[spec.script]))
-    except Exception as exc:  # noqa: BLE001 - localisation is evidence, never a reason to lose the run
-        result["localization_error"] = error_info(exc, files=[spec.script])["message"]
     from .functions import compiled_check, eval_mode_check
 
-    if (result.get("localization") or {}).get("ok"):
-        progress(side="target", phase="eval mode")
-        with _autocast(state.autocast, ("cpu", here.device.type)):
+    model, args, kwargs, grad = compared.model, compared.args, compared.kwargs, compared.grad
+    reference = resolve_target("cpu")
+    with _autocast(state.autocast, ("cpu", here.device.type)):
+        progress(side="target", phase="localize")
+        try:
+            result.update(localization_observations(model, args, kwargs, target=here, reference=reference,
+                                                    grad_output=grad, files=[spec.script]))
+        except Exception as exc:  # noqa: BLE001 - localisation is evidence, never a reason to lose the run
+            result["localization_error"] = error_info(exc, files=[spec.script])["message"]
+        if (result.get("localization") or {}).get("ok"):
+            progress(side="target", phase="eval mode")
             result.update(eval_mode_check(model, args, kwargs, target=here, reference=reference, files=[spec.script]))
-    if (here.compiles or state.model_compiled) and side.error is None:
-        # The compiled model's outputs (and gradients) against the eager reference, as in the
-        # functions convention: a compiler bug is a numerics finding, not a loss-curve wobble. Also where
-        # the script compiles its model itself and the target runs eagerly: the target trained it compiled
-        # (with its own backend), and a compile-only fault 1% off in every matmul moved nanoGPT's loss by
-        # 0.01% in 10 steps, within the curves' band.
-        progress(side="target", phase="compile")
-        with _autocast(state.autocast, ("cpu", here.device.type)):
+        if (here.compiles or state.model_compiled) and side.error is None:
+            # The compiled model's outputs (and gradients) against the eager reference, as in the
+            # functions convention: a compiler bug is a numerics finding, not a loss-curve wobble. Also where
+            # the script compiles its model itself and the target runs eagerly: the target trained it compiled
+            # (with its own backend), and a compile-only fault 1% off in every matmul moved nanoGPT's loss by
+            # 0.01% in 10 steps, within the curves' band.
+            progress(side="target", phase="compile")
             result["compiled"] = compiled_check(model, args, kwargs, target=here.in_mode("compile"),
                                                 reference=reference, grad_output=grad, files=[spec.script])
 
